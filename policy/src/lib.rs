@@ -1,0 +1,32 @@
+//! halo-policy: the Halos data model and every pure decision.
+//!
+//! No I/O, no async, no Envoy types: the same functions answer in the wasm filter, in
+//! `halo gateway routes`, in halod's variant choice and in the controller. Builds for
+//! `wasm32-unknown-unknown` with default features. Two native-only features add edges:
+//! `load` (read a policy directory from disk) and `sign` (sign kill lists, make keys).
+//!
+//! Code map:
+//! - [`types`]: one type per policy kind, decoded strictly.
+//! - [`load`] (feature `load`): a policy directory -> [`types::Org`], every problem named.
+//! - [`validate`] and [`guardrails`]: references, ranges and the 16 built-in guardrails.
+//! - [`compile`] and [`snapshot`]: Org -> the deterministic compiled snapshot.
+//! - [`assign`]: the single source of hashing (rings, variants, weighted picks).
+//! - [`decide`]: ring, toggles, experiments, admit and route order for one request.
+//! - [`killswitch`]: the signed kill list: verify, apply, and (feature `sign`) sign.
+
+pub mod assign;
+pub mod compile;
+pub mod decide;
+pub mod guardrails;
+pub mod issue;
+pub mod killswitch;
+#[cfg(feature = "load")]
+pub mod load;
+pub mod snapshot;
+pub mod types;
+pub mod validate;
+
+pub use compile::compile;
+pub use issue::{Issue, Severity};
+pub use snapshot::Snapshot;
+pub use types::*;
