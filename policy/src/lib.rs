@@ -11,9 +11,12 @@
 //! - [`validate`] and [`guardrails`]: references, ranges and the 16 built-in guardrails.
 //! - [`compile`] and [`snapshot`]: Org -> the deterministic compiled snapshot.
 //! - [`assign`]: the single source of hashing (rings, variants, weighted picks).
-//! - [`decide`]: ring, toggles, experiments, admit and route order for one request.
+//! - [`decide`]: ring, toggles, experiments and shadow for one request.
+//! - [`admit`]: the client wire, operation and alias of a request; the body model rewrite.
+//! - [`route`]: the failover order of an alias's targets (priority tiers, sticky pick).
 //! - [`killswitch`]: the signed kill list: verify, apply, and (feature `sign`) sign.
 
+pub mod admit;
 pub mod assign;
 pub mod compile;
 pub mod decide;
@@ -22,6 +25,7 @@ pub mod issue;
 pub mod killswitch;
 #[cfg(feature = "load")]
 pub mod load;
+pub mod route;
 pub mod snapshot;
 pub mod types;
 pub mod validate;
