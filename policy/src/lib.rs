@@ -22,6 +22,7 @@ pub mod compile;
 pub mod decide;
 pub mod guardrails;
 pub mod issue;
+pub mod keys;
 pub mod killswitch;
 #[cfg(feature = "load")]
 pub mod load;
