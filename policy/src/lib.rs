@@ -13,6 +13,7 @@
 //! - [`assign`]: the single source of hashing (rings, variants, weighted picks).
 //! - [`decide`]: ring, toggles, experiments, admit and route order for one request.
 //! - [`killswitch`]: the signed kill list: verify, apply, and (feature `sign`) sign.
+//! - [`schema`]: the JSON Schema of each kind, as committed under `schemas/`.
 
 pub mod assign;
 pub mod compile;
@@ -22,6 +23,7 @@ pub mod issue;
 pub mod killswitch;
 #[cfg(feature = "load")]
 pub mod load;
+pub mod schema;
 pub mod snapshot;
 pub mod types;
 pub mod validate;
