@@ -15,6 +15,8 @@
 //! - [`admit`]: the client wire, operation and alias of a request; the body model rewrite.
 //! - [`route`]: the failover order of an alias's targets (priority tiers, sticky pick).
 //! - [`killswitch`]: the signed kill list: verify, apply, and (feature `sign`) sign.
+//! - [`keys`]: ed25519 keys as PEM: parse public keys; (feature `sign`) generate, load private.
+//! - [`schema`]: the JSON Schema of each kind, as committed under `schemas/`.
 
 pub mod admit;
 pub mod assign;
@@ -27,6 +29,7 @@ pub mod killswitch;
 #[cfg(feature = "load")]
 pub mod load;
 pub mod route;
+pub mod schema;
 pub mod snapshot;
 pub mod types;
 pub mod validate;
