@@ -1,1 +1,85 @@
-fn main() {}
+//! `halo`: the Halos command line.
+//!
+//! Policy commands work on a policy repo directory: `validate`, `gateway compile` and
+//! `gateway routes`; `keys generate` makes the ed25519 key pairs that sign releases and
+//! kill lists. Exit codes: 0 success, 1 an invalid policy or a failed operation,
+//! 2 a usage error.
+
+mod fsutil;
+mod gateway;
+mod keys;
+mod policy_dir;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Halos: govern AI coding tools as code.
+#[derive(Debug, Parser)]
+#[command(name = "halo", version, about, long_about = None, after_help = EXAMPLES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  halo validate --policy-dir examples/acme-corp
+  halo gateway compile --policy-dir examples/acme-corp -o policy.json
+  halo gateway routes --user alice@acme.com --session s-42 --policy-dir examples/acme-corp
+  halo keys generate --name killswitch --out-dir keys/
+
+Exit status: 0 success, 1 invalid policy or failed operation, 2 usage error.";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Load and validate a policy repo; print every problem with file, document and field.
+    Validate {
+        /// The policy repo: halos.yaml plus every *.yaml below it.
+        #[arg(long, value_name = "DIR", env = "HALO_POLICY_DIR")]
+        policy_dir: PathBuf,
+    },
+    /// Gateway (traffic plane) commands.
+    Gateway {
+        #[command(subcommand)]
+        command: gateway::GatewayCommand,
+    },
+    /// Key management.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+    },
+}
+
+/// How a command failed.
+#[derive(Debug)]
+enum Failure {
+    /// The policy was refused; its issues are already printed.
+    InvalidPolicy,
+    /// Anything else (I/O, refusing to overwrite, ...).
+    Error(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Self {
+        Failure::Error(err)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Validate { policy_dir } => policy_dir::validate_command(&policy_dir),
+        Command::Gateway { command } => gateway::run(command),
+        Command::Keys { command } => keys::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::InvalidPolicy) => ExitCode::from(1),
+        Err(Failure::Error(err)) => {
+            eprintln!("halo: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
