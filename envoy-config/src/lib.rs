@@ -1,0 +1,16 @@
+//! halo-envoy-config: the compiled policy as Envoy configuration, shared by the filter
+//! (cluster names it routes to), `halo envoy bootstrap` (the standalone bootstrap) and the
+//! xDS translator (which can reuse the cluster and filter builders or replace them).
+//!
+//! Pure: no I/O, no Envoy protobuf types; every builder returns `serde_json::Value` in
+//! Envoy's JSON/YAML shape, and [`yaml::to_yaml`] prints it deterministically.
+//!
+//! Code map:
+//! - [`names`]: the cluster naming scheme and the route header (the filter's contract with
+//!   Envoy's `cluster_header` route).
+//! - [`bootstrap`]: the standalone (static resources) bootstrap.
+//! - [`yaml`]: a small deterministic YAML printer for JSON values.
+
+pub mod bootstrap;
+pub mod names;
+pub mod yaml;

@@ -1,0 +1,350 @@
+//! The plugin configuration: the compiled snapshot plus the filter's settings, decoded
+//! strictly. A configuration this module refuses makes the plugin refuse to start, with
+//! one log line naming the field and the problem.
+//!
+//! ```json
+//! {"snapshot": {...compiled snapshot...},
+//!  "settings": {"identity": {"mode": "jwt", "userClaim": "email", ...},
+//!               "forwardAuth": false, "maxBodyBytes": 33554432,
+//!               "killSwitch": {"cluster": "halo-killswitch", "url": "https://...", ...},
+//!               "routeHeader": "x-halo-route"}}
+//! ```
+
+use std::net::IpAddr;
+
+use halo_policy::Snapshot;
+use serde::Deserialize;
+
+use crate::cidr::Cidr;
+
+/// Default body bound for model calls: 32 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// Default kill-list poll interval.
+pub const DEFAULT_KILL_INTERVAL_SECS: u32 = 10;
+const DEFAULT_USER_CLAIM: &str = "email";
+const DEFAULT_GROUPS_CLAIM: &str = "groups";
+
+/// A refused configuration, as the one log line says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("halo filter configuration refused: {0}")]
+pub struct ConfigError(pub String);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    snapshot: Box<serde_json::value::RawValue>,
+    #[serde(default)]
+    settings: RawSettings,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSettings {
+    #[serde(default)]
+    identity: RawIdentity,
+    #[serde(default)]
+    forward_auth: bool,
+    #[serde(default)]
+    max_body_bytes: Option<u64>,
+    #[serde(default)]
+    kill_switch: Option<RawKillSwitch>,
+    #[serde(default)]
+    route_header: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawIdentity {
+    #[serde(default)]
+    mode: Option<IdentityMode>,
+    #[serde(default)]
+    user_claim: Option<String>,
+    #[serde(default)]
+    groups_claim: Option<String>,
+    #[serde(default)]
+    identity_header: Option<String>,
+    #[serde(default)]
+    groups_header: Option<String>,
+    #[serde(default, rename = "trustedProxyCIDRs")]
+    trusted_proxy_cidrs: Vec<String>,
+    #[serde(default)]
+    allow_anonymous: bool,
+    #[serde(default)]
+    trust_unverified_email: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawKillSwitch {
+    cluster: String,
+    url: String,
+    #[serde(default)]
+    authority: Option<String>,
+    token: String,
+    pubkey: String,
+    #[serde(default)]
+    interval_seconds: Option<u32>,
+    #[serde(default)]
+    allow_insecure_in_cluster: bool,
+}
+
+/// How callers are identified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentityMode {
+    /// Claims verified by Envoy's jwt_authn (payload in dynamic metadata).
+    Jwt,
+    /// Identity and groups headers set by a trusted auth proxy (peer in trustedProxyCIDRs).
+    TrustedHeader,
+    /// No identity: every caller is anonymous (ring unknown, gateway routing).
+    None,
+}
+
+/// The identity settings in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdentitySettings {
+    /// `None`: no mode given, no issuer, no CIDRs: every model call is 503 (fail closed).
+    pub mode: Option<IdentityMode>,
+    pub user_claim: String,
+    pub groups_claim: String,
+    /// Lowercased header names (trusted_header mode).
+    pub identity_header: Option<String>,
+    pub groups_header: Option<String>,
+    pub trusted_proxies: Vec<Cidr>,
+    pub allow_anonymous: bool,
+    pub trust_unverified_email: bool,
+}
+
+/// The kill-list poller's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KillSwitchSettings {
+    pub cluster: String,
+    pub authority: String,
+    pub path: String,
+    pub token: String,
+    /// `Err` with the reason when the PEM is unusable: traffic keeps flowing, stamped
+    /// `x-halo-killswitch: misconfigured`.
+    pub key: Result<ed25519_compact::PublicKey, String>,
+    pub interval_secs: u32,
+}
+
+/// A decoded, checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub snapshot: Snapshot,
+    pub identity: IdentitySettings,
+    pub forward_auth: bool,
+    pub max_body_bytes: u64,
+    pub kill_switch: Option<KillSwitchSettings>,
+    pub route_header: String,
+}
+
+impl Config {
+    /// Decode the plugin configuration bytes strictly and check every setting.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError(format!("{path}: {}", e.into_inner()))
+        })?;
+        let snapshot = Snapshot::from_bytes(raw.snapshot.get().as_bytes())
+            .map_err(|e| ConfigError(format!("snapshot: {e}")))?;
+        let s = raw.settings;
+        let identity = identity_settings(&snapshot, s.identity)?;
+        let max_body_bytes = s.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes == 0 {
+            return Err(ConfigError(
+                "settings.maxBodyBytes: must be at least 1".into(),
+            ));
+        }
+        let kill_switch = s.kill_switch.map(kill_switch_settings).transpose()?;
+        let route_header = s
+            .route_header
+            .unwrap_or_else(|| halo_envoy_config::names::ROUTE_HEADER.to_string())
+            .to_ascii_lowercase();
+        if !route_header.starts_with("x-halo-") || !is_token(&route_header) {
+            return Err(ConfigError(format!(
+                "settings.routeHeader: {route_header:?} must be a header name starting with x-halo- (so every client copy is stripped)"
+            )));
+        }
+        Ok(Config {
+            snapshot,
+            identity,
+            forward_auth: s.forward_auth,
+            max_body_bytes,
+            kill_switch,
+            route_header,
+        })
+    }
+}
+
+fn identity_settings(snap: &Snapshot, raw: RawIdentity) -> Result<IdentitySettings, ConfigError> {
+    let claims = snap.identity.as_ref().and_then(|i| i.claims.as_ref());
+    let has_issuer = snap.identity.as_ref().is_some_and(|i| !i.issuer.is_empty());
+    let mut trusted_proxies = Vec::new();
+    for (i, text) in raw.trusted_proxy_cidrs.iter().enumerate() {
+        let cidr = Cidr::parse(text).ok_or_else(|| {
+            ConfigError(format!(
+                "settings.identity.trustedProxyCIDRs[{i}]: {text:?} is not an IP prefix such as 10.0.0.0/8"
+            ))
+        })?;
+        trusted_proxies.push(cidr);
+    }
+    // The spec's defaulting: an issuer means jwt, CIDRs alone mean trusted_header, and
+    // neither (without an explicit mode) fails closed at request time.
+    let mode = raw.mode.or(if has_issuer {
+        Some(IdentityMode::Jwt)
+    } else if !trusted_proxies.is_empty() {
+        Some(IdentityMode::TrustedHeader)
+    } else {
+        None
+    });
+    let header = |name: Option<String>, field: &str| -> Result<Option<String>, ConfigError> {
+        match name {
+            None => Ok(None),
+            Some(n) if n.is_empty() => Ok(None),
+            Some(n) if is_token(&n) => Ok(Some(n.to_ascii_lowercase())),
+            Some(n) => Err(ConfigError(format!(
+                "settings.identity.{field}: {n:?} is not a header name"
+            ))),
+        }
+    };
+    let identity_header = header(raw.identity_header, "identityHeader")?;
+    let groups_header = header(raw.groups_header, "groupsHeader")?;
+    if mode == Some(IdentityMode::TrustedHeader) {
+        if identity_header.is_none() {
+            return Err(ConfigError(
+                "settings.identity.identityHeader: required in trusted_header mode".into(),
+            ));
+        }
+        if trusted_proxies.is_empty() {
+            return Err(ConfigError(
+                "settings.identity.trustedProxyCIDRs: required in trusted_header mode (the header is honoured only from these peers)".into(),
+            ));
+        }
+    }
+    if mode == Some(IdentityMode::Jwt) && !has_issuer {
+        return Err(ConfigError(
+            "settings.identity.mode: jwt needs identity.issuer in the policy".into(),
+        ));
+    }
+    let claim = |raw: Option<String>, policy: Option<&String>, default: &str, field: &str| {
+        let c = raw
+            .or_else(|| policy.cloned())
+            .unwrap_or_else(|| default.to_string());
+        if c.is_empty() || c.contains('.') {
+            Err(ConfigError(format!(
+                "settings.identity.{field}: {c:?} must be a top-level claim name"
+            )))
+        } else {
+            Ok(c)
+        }
+    };
+    Ok(IdentitySettings {
+        mode,
+        user_claim: claim(
+            raw.user_claim,
+            claims.and_then(|c| c.user.as_ref()),
+            DEFAULT_USER_CLAIM,
+            "userClaim",
+        )?,
+        groups_claim: claim(
+            raw.groups_claim,
+            claims.and_then(|c| c.groups.as_ref()),
+            DEFAULT_GROUPS_CLAIM,
+            "groupsClaim",
+        )?,
+        identity_header,
+        groups_header,
+        trusted_proxies,
+        allow_anonymous: raw.allow_anonymous,
+        trust_unverified_email: raw.trust_unverified_email.unwrap_or_else(|| {
+            snap.identity
+                .as_ref()
+                .is_some_and(|i| i.trust_unverified_email)
+        }),
+    })
+}
+
+fn kill_switch_settings(raw: RawKillSwitch) -> Result<KillSwitchSettings, ConfigError> {
+    let field = |f: &str, m: String| ConfigError(format!("settings.killSwitch.{f}: {m}"));
+    if raw.cluster.is_empty() {
+        return Err(field(
+            "cluster",
+            "must name the Envoy cluster of the kill-list server".into(),
+        ));
+    }
+    if raw.token.is_empty() {
+        return Err(field("token", "the gateway token is required".into()));
+    }
+    let url = parse_url(&raw.url).map_err(|m| field("url", m))?;
+    if url.scheme == "http" && !is_loopback_host(&url.host) && !raw.allow_insecure_in_cluster {
+        return Err(field(
+            "url",
+            format!(
+                "plain http to {:?} is refused (the token and the list would cross the network in clear); use https, or set allowInsecureInCluster for an in-cluster service",
+                url.host
+            ),
+        ));
+    }
+    let interval_secs = raw.interval_seconds.unwrap_or(DEFAULT_KILL_INTERVAL_SECS);
+    if interval_secs == 0 || interval_secs > 3600 {
+        return Err(field("intervalSeconds", "must be 1..=3600".into()));
+    }
+    let key = halo_policy::keys::public_key_from_pem(&raw.pubkey).map_err(|e| e.to_string());
+    Ok(KillSwitchSettings {
+        cluster: raw.cluster,
+        authority: raw.authority.unwrap_or(url.authority),
+        path: url.path,
+        token: raw.token,
+        key,
+        interval_secs,
+    })
+}
+
+struct Url {
+    scheme: String,
+    authority: String,
+    host: String,
+    path: String,
+}
+
+fn parse_url(text: &str) -> Result<Url, String> {
+    let (scheme, rest) = text
+        .split_once("://")
+        .ok_or_else(|| format!("{text:?} is not an http(s) URL"))?;
+    if scheme != "http" && scheme != "https" {
+        return Err(format!("scheme {scheme:?} is not http or https"));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if authority.is_empty() || authority.contains('@') {
+        return Err("the URL needs a host (and no user info)".into());
+    }
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default().to_string()
+    } else {
+        authority.split(':').next().unwrap_or_default().to_string()
+    };
+    Ok(Url {
+        scheme: scheme.to_string(),
+        authority: authority.to_string(),
+        host,
+        path: path.to_string(),
+    })
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// An HTTP header name (RFC 9110 token).
+fn is_token(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}

@@ -1,0 +1,491 @@
+//! The proxy-wasm trait impls (wasm32 only). Read Envoy state, call the pure modules,
+//! write Envoy state. No decisions here.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use halo_policy::Snapshot;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
+
+use crate::cidr;
+use crate::config::{Config, IdentityMode};
+use crate::hygiene;
+use crate::killstate::{FetchOutcome, KillState};
+use crate::metrics;
+use crate::pipeline::{self, Forward, Head, Pending, Reply, VerifiedClaims};
+
+/// Shared-data keys (one VM id is shared by every worker's copy of the plugin).
+const SHARED_ENVELOPE: &str = "halo.killswitch.envelope";
+const SHARED_NEXT_POLL: &str = "halo.killswitch.next_poll_ms";
+const JWT_METADATA: &str = "envoy.filters.http.jwt_authn";
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+}}
+
+/// Per-VM state shared by the root context and this worker's HTTP contexts.
+struct State {
+    cfg: Config,
+    kill: KillState,
+    /// The snapshot with the held kill list applied.
+    effective: Rc<Snapshot>,
+    metric_ids: HashMap<String, u32>,
+}
+
+impl State {
+    fn count(&mut self, name: String) {
+        let id = match self.metric_ids.get(&name) {
+            Some(id) => *id,
+            None => match hostcalls::define_metric(MetricType::Counter, &name) {
+                Ok(id) => {
+                    self.metric_ids.insert(name, id);
+                    id
+                }
+                Err(_) => return,
+            },
+        };
+        let _ = hostcalls::increment_metric(id, 1);
+    }
+
+    fn misconfigured(&self) -> bool {
+        self.cfg
+            .kill_switch
+            .as_ref()
+            .is_some_and(|k| k.key.is_err())
+    }
+}
+
+type Shared = Rc<RefCell<Option<State>>>;
+
+#[derive(Default)]
+struct Root {
+    state: Shared,
+    inflight: Option<u32>,
+}
+
+fn now_ms() -> i64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn log(level: LogLevel, message: &str) {
+    let _ = hostcalls::log(level, message);
+}
+
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        if self.inflight != Some(token) {
+            return;
+        }
+        self.inflight = None;
+        let status = self
+            .get_http_call_response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        let body = self
+            .get_http_call_response_body(0, body_size)
+            .unwrap_or_default();
+        let mut guard = self.state.borrow_mut();
+        let Some(state) = guard.as_mut() else { return };
+        let Some(Ok(key)) = state.cfg.kill_switch.as_ref().map(|k| k.key.clone()) else {
+            return;
+        };
+        let outcome = state.kill.on_fetch(status, &body, &key, now_ms() / 1000);
+        if outcome != FetchOutcome::Accepted && outcome != FetchOutcome::Unchanged {
+            // The outcome only: never the body or the token.
+            log(
+                LogLevel::Warn,
+                &format!(
+                    "halo: kill list poll refused: {}; keeping the list in force",
+                    outcome.as_str()
+                ),
+            );
+        }
+        state.count(metrics::killswitch_fetch(outcome.as_str()));
+        if outcome == FetchOutcome::Accepted {
+            state.effective = Rc::new(state.kill.effective(&state.cfg.snapshot));
+        }
+        publish(state, &key);
+    }
+}
+
+/// Make the shared envelope at least as new as the one this worker holds.
+fn publish(state: &State, key: &ed25519_compact::PublicKey) {
+    let Some(held) = state.kill.held() else {
+        return;
+    };
+    let (shared, cas) = hostcalls::get_shared_data(SHARED_ENVELOPE).unwrap_or((None, None));
+    if let Some(bytes) = &shared {
+        if bytes.as_slice() == held.envelope() {
+            return;
+        }
+        if let Ok(other) = halo_policy::killswitch::restore(bytes, key)
+            && other.issued_at() >= held.issued_at()
+        {
+            return;
+        }
+    }
+    // A CAS conflict means another worker just wrote; the next tick reconciles.
+    let _ = hostcalls::set_shared_data(SHARED_ENVELOPE, Some(held.envelope()), cas);
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let bytes = self.get_plugin_configuration().unwrap_or_default();
+        let cfg = match Config::from_bytes(&bytes) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                log(LogLevel::Critical, &e.to_string());
+                return false;
+            }
+        };
+        if let Some(ks) = &cfg.kill_switch {
+            match &ks.key {
+                Ok(_) => self.set_tick_period(Duration::from_secs(1)),
+                Err(e) => log(
+                    LogLevel::Error,
+                    &format!(
+                        "halo: the kill-switch public key is unusable ({e}); traffic flows unkilled and is stamped x-halo-killswitch: misconfigured"
+                    ),
+                ),
+            }
+        }
+        if cfg.identity.mode.is_none() {
+            log(
+                LogLevel::Error,
+                "halo: no identity configuration (no issuer, no trusted proxies, no mode): every request is answered 503",
+            );
+        }
+        let effective = Rc::new(cfg.snapshot.clone());
+        *self.state.borrow_mut() = Some(State {
+            cfg,
+            kill: KillState::new(),
+            effective,
+            metric_ids: HashMap::new(),
+        });
+        true
+    }
+
+    fn on_tick(&mut self) {
+        let mut guard = self.state.borrow_mut();
+        let Some(state) = guard.as_mut() else { return };
+        let Some(ks) = state.cfg.kill_switch.clone() else {
+            return;
+        };
+        let Ok(key) = &ks.key else { return };
+        // Adopt what another worker accepted.
+        if let Ok((Some(bytes), _)) = hostcalls::get_shared_data(SHARED_ENVELOPE)
+            && state.kill.adopt(&bytes, key)
+        {
+            state.effective = Rc::new(state.kill.effective(&state.cfg.snapshot));
+        }
+        if self.inflight.is_some() {
+            return;
+        }
+        // One worker polls per interval: claim the slot with compare-and-swap.
+        let now = now_ms();
+        let (next, cas) = hostcalls::get_shared_data(SHARED_NEXT_POLL).unwrap_or((None, None));
+        let due = next
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|s| s.parse::<i64>().ok())
+            .is_none_or(|next| now >= next);
+        if !due {
+            return;
+        }
+        let next = (now + i64::from(ks.interval_secs) * 1000).to_string();
+        if hostcalls::set_shared_data(SHARED_NEXT_POLL, Some(next.as_bytes()), cas).is_err() {
+            return;
+        }
+        let auth = format!("Bearer {}", ks.token);
+        let headers = vec![
+            (":method", "GET"),
+            (":path", ks.path.as_str()),
+            (":authority", ks.authority.as_str()),
+            ("authorization", auth.as_str()),
+            ("accept", "application/json"),
+        ];
+        match self.dispatch_http_call(&ks.cluster, headers, None, vec![], Duration::from_secs(5)) {
+            Ok(token) => self.inflight = Some(token),
+            Err(_) => state.count(metrics::killswitch_fetch(FetchOutcome::HttpError.as_str())),
+        }
+    }
+
+    fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Http {
+            state: self.state.clone(),
+            pending: None,
+            removals: Vec::new(),
+            ring: None,
+            variant: None,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Http {
+    state: Shared,
+    pending: Option<Pending>,
+    removals: Vec<String>,
+    ring: Option<String>,
+    variant: Option<String>,
+}
+
+impl Http {
+    fn reply(&mut self, reply: Reply) -> Action {
+        if reply.reason == "auth"
+            && let Some(state) = self.state.borrow_mut().as_mut()
+        {
+            state.count(metrics::auth_failures());
+        }
+        let headers: Vec<(&str, &str)> = reply
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        self.send_http_response(u32::from(reply.status), headers, Some(&reply.body));
+        Action::Pause
+    }
+
+    fn claims(&self, cfg: &Config) -> Option<VerifiedClaims> {
+        let claim = |name: &str| {
+            self.get_property(vec![
+                "metadata",
+                "filter_metadata",
+                JWT_METADATA,
+                halo_envoy_config::names::JWT_PAYLOAD_KEY,
+                name,
+            ])
+        };
+        let user = claim(&cfg.identity.user_claim).and_then(|b| String::from_utf8(b).ok())?;
+        let email_verified = claim("email_verified").map(|b| b == [1] || b == b"true");
+        let groups = claim(&cfg.identity.groups_claim)
+            .map(|b| parse_string_list(&b))
+            .unwrap_or_default();
+        Some(VerifiedClaims {
+            user: Some(user),
+            email_verified,
+            groups,
+        })
+    }
+
+    /// The body-time step and writing its result into the request.
+    fn finish(&mut self, body: &[u8], body_size: usize) -> Action {
+        let Some(pending) = self.pending.take() else {
+            return Action::Continue;
+        };
+        let shared = self.state.clone();
+        let result = match shared.borrow().as_ref() {
+            None => Err(unavailable()),
+            Some(state) => {
+                let snap = state.effective.clone();
+                pipeline::on_body(&state.cfg, &snap, &pending, body)
+                    .map(|f| (f, state.misconfigured()))
+            }
+        };
+        match result {
+            Err(reply) => self.reply(reply),
+            Ok((forward, misconfigured)) => {
+                self.apply(forward, misconfigured, body_size);
+                Action::Continue
+            }
+        }
+    }
+
+    fn apply(&mut self, forward: Forward, misconfigured: bool, body_size: usize) {
+        for name in &self.removals {
+            self.set_http_request_header(name, None);
+        }
+        if let Some(path) = &forward.path {
+            self.set_http_request_header(":path", Some(path));
+        }
+        if let Some(body) = &forward.body {
+            self.set_http_request_body(0, body_size, body);
+            // The length changed: Envoy sends the rewritten body chunked.
+            self.set_http_request_header("content-length", None);
+        }
+        for (name, value) in &forward.stamps {
+            self.set_http_request_header(name, Some(value));
+        }
+        if misconfigured {
+            self.set_http_request_header(
+                hygiene::KILLSWITCH,
+                Some(hygiene::KILLSWITCH_MISCONFIGURED),
+            );
+        }
+        if let Some(d) = &forward.decision
+            && let Some(state) = self.state.borrow_mut().as_mut()
+        {
+            let source = match d.source {
+                halo_policy::decide::RouteSource::Gateway => "gateway",
+                halo_policy::decide::RouteSource::Toggle => "toggle",
+                halo_policy::decide::RouteSource::Experiment => "experiment",
+            };
+            state.count(metrics::decisions(
+                &d.ring,
+                forward.variant.as_deref(),
+                source,
+            ));
+        }
+        self.ring = Some(forward.ring);
+        self.variant = forward.variant;
+    }
+}
+
+fn unavailable() -> Reply {
+    Reply {
+        status: 503,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: br#"{"type":"error","error":{"type":"policy_unavailable","message":"the halo filter has no policy"}}"#.to_vec(),
+        reason: "config",
+    }
+}
+
+/// A list claim as Envoy serializes it for a property (count, lengths, NUL-terminated
+/// strings), or a plain string claim (one group).
+fn parse_string_list(bytes: &[u8]) -> Vec<String> {
+    if let Some(list) = parse_pairs(bytes) {
+        return list;
+    }
+    String::from_utf8(bytes.to_vec())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(|s| vec![s])
+        .unwrap_or_default()
+}
+
+fn parse_pairs(bytes: &[u8]) -> Option<Vec<String>> {
+    let u32_at = |i: usize| -> Option<usize> {
+        let b = bytes.get(i..i + 4)?;
+        usize::try_from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok()
+    };
+    let n = u32_at(0)?;
+    if n > 10_000 {
+        return None;
+    }
+    // Header: count, then (key length, value length) per pair; then key\0value\0 ...
+    let mut lens = Vec::with_capacity(n);
+    for i in 0..n {
+        lens.push((u32_at(4 + i * 8)?, u32_at(8 + i * 8)?));
+    }
+    let mut at = 4 + n * 8;
+    let mut out = Vec::with_capacity(n);
+    for (klen, vlen) in lens {
+        let key = bytes.get(at..at + klen)?;
+        at += klen + 1;
+        let _value = bytes.get(at..at + vlen)?;
+        at += vlen + 1;
+        out.push(String::from_utf8(key.to_vec()).ok()?);
+    }
+    (at == bytes.len()).then_some(out)
+}
+
+impl Context for Http {}
+
+impl HttpContext for Http {
+    fn on_http_request_headers(&mut self, _num: usize, end_of_stream: bool) -> Action {
+        let headers: Vec<(String, String)> = self
+            .get_http_request_headers()
+            .into_iter()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v))
+            .collect();
+        let shared = self.state.clone();
+        let guard = shared.borrow();
+        let head_result = if let Some(state) = guard.as_ref() {
+            let cfg = &state.cfg;
+            let claims = (cfg.identity.mode == Some(IdentityMode::Jwt))
+                .then(|| self.claims(cfg))
+                .flatten();
+            let peer = self
+                .get_property(vec!["source", "address"])
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|a| cidr::peer_ip(&a));
+            let header = |name: &str| {
+                headers
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_str())
+            };
+            let head = Head {
+                method: header(":method").unwrap_or_default(),
+                path: header(":path").unwrap_or_default(),
+                headers: &headers,
+                peer,
+                claims,
+                content_length: header("content-length").and_then(|v| v.parse().ok()),
+            };
+            self.removals = hygiene::removals(cfg, &headers);
+            pipeline::on_head(cfg, &head)
+        } else {
+            Err(unavailable())
+        };
+        drop(guard);
+        match head_result {
+            Err(reply) => self.reply(reply),
+            Ok(pending) => {
+                self.pending = Some(pending);
+                if end_of_stream {
+                    self.finish(&[], 0)
+                } else {
+                    Action::Pause
+                }
+            }
+        }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.pending.is_none() {
+            return Action::Continue;
+        }
+        let max = self
+            .state
+            .borrow()
+            .as_ref()
+            .map_or(0, |s| s.cfg.max_body_bytes);
+        if u64::try_from(body_size).unwrap_or(u64::MAX) > max {
+            self.pending = None;
+            return self.reply(Reply::too_large(max));
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
+        self.finish(&body, body_size)
+    }
+
+    fn on_log(&mut self) {
+        let status = self
+            .get_property(vec!["response", "code"])
+            .and_then(|b| {
+                b.get(..8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            })
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(0);
+        let ring = self
+            .ring
+            .clone()
+            .unwrap_or_else(|| halo_policy::decide::UNKNOWN_RING.to_string());
+        if let Some(state) = self.state.borrow_mut().as_mut() {
+            state.count(metrics::requests(&ring, self.variant.as_deref(), status));
+        }
+    }
+}
+
+// Status is re-exported for callers matching hostcall errors.
+#[allow(dead_code)]
+fn _status_is_used(_: Status) {}

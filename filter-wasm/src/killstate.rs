@@ -1,0 +1,125 @@
+//! The kill-list state machine, pure: what a poll result or a list adopted from another
+//! worker does to the list in force.
+//!
+//! The rules (ADR-0009): a list is accepted only if halo-policy's `killswitch::verify`
+//! accepts it (signature with the kill public key, at most 10 minutes old, at most 60 s
+//! ahead, strictly newer than the held one); any failure keeps the held list; a gateway
+//! that never accepted one kills nothing. Workers share the accepted envelope through
+//! Envoy's shared data; [`KillState::adopt`] re-checks its signature (not its age: it
+//! was fresh when the first worker accepted it) and takes it only if newer.
+
+use halo_policy::Snapshot;
+use halo_policy::killswitch::{self, KillList, KillListError};
+
+/// The outcome of one poll, named as in the `halo.killswitch.fetch` metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchOutcome {
+    Accepted,
+    /// The server sent the list already held (byte for byte).
+    Unchanged,
+    /// Non-200 answer, or no answer.
+    HttpError,
+    Stale,
+    Future,
+    Replayed,
+    BadSignature,
+    Malformed,
+}
+
+impl FetchOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FetchOutcome::Accepted => "accepted",
+            FetchOutcome::Unchanged => "unchanged",
+            FetchOutcome::HttpError => "http_error",
+            FetchOutcome::Stale => "stale",
+            FetchOutcome::Future => "future",
+            FetchOutcome::Replayed => "replayed",
+            FetchOutcome::BadSignature => "bad_signature",
+            FetchOutcome::Malformed => "malformed",
+        }
+    }
+
+    fn of(err: &KillListError) -> FetchOutcome {
+        match err {
+            KillListError::Stale { .. } => FetchOutcome::Stale,
+            KillListError::Future { .. } => FetchOutcome::Future,
+            KillListError::NotNewer { .. } => FetchOutcome::Replayed,
+            KillListError::BadSignature => FetchOutcome::BadSignature,
+            _ => FetchOutcome::Malformed,
+        }
+    }
+}
+
+/// The list in force and the snapshot it produces.
+#[derive(Debug, Clone)]
+pub struct KillState {
+    held: Option<KillList>,
+}
+
+impl KillState {
+    pub fn new() -> KillState {
+        KillState { held: None }
+    }
+
+    pub fn held(&self) -> Option<&KillList> {
+        self.held.as_ref()
+    }
+
+    /// A poll's answer: HTTP status (`None` when the call failed) and body.
+    pub fn on_fetch(
+        &mut self,
+        status: Option<u16>,
+        body: &[u8],
+        key: &ed25519_compact::PublicKey,
+        now_unix: i64,
+    ) -> FetchOutcome {
+        if status != Some(200) {
+            return FetchOutcome::HttpError;
+        }
+        if self.held.as_ref().is_some_and(|h| h.envelope() == body) {
+            return FetchOutcome::Unchanged;
+        }
+        match killswitch::verify(body, key, now_unix, self.held.as_ref()) {
+            Ok(list) => {
+                self.held = Some(list);
+                FetchOutcome::Accepted
+            }
+            Err(e) => FetchOutcome::of(&e),
+        }
+    }
+
+    /// An envelope another worker accepted (from shared data). Returns whether it changed
+    /// the list in force.
+    pub fn adopt(&mut self, envelope: &[u8], key: &ed25519_compact::PublicKey) -> bool {
+        if self.held.as_ref().is_some_and(|h| h.envelope() == envelope) {
+            return false;
+        }
+        let Ok(list) = killswitch::restore(envelope, key) else {
+            return false;
+        };
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| list.issued_at() <= h.issued_at())
+        {
+            return false;
+        }
+        self.held = Some(list);
+        true
+    }
+
+    /// The policy with the held list applied (the policy itself when none is held).
+    pub fn effective(&self, base: &Snapshot) -> Snapshot {
+        match &self.held {
+            Some(list) => list.apply(base),
+            None => base.clone(),
+        }
+    }
+}
+
+impl Default for KillState {
+    fn default() -> Self {
+        KillState::new()
+    }
+}

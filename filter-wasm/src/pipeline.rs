@@ -1,0 +1,394 @@
+//! The request pipeline as pure functions: what the filter does with what Envoy tells it.
+//!
+//! Two steps, matching when Envoy calls the filter:
+//! - [`on_head`] (request headers): fail closed without identity configuration, identity
+//!   (verified claims or the trusted proxy's header), duplicate identity headers, the
+//!   announced body size.
+//! - [`on_body`] (the whole body, at most maxBodyBytes): admit (404/400), decision on the
+//!   kill-list-applied snapshot, route order and the first servable target, the model
+//!   alias rewrite (body or path), hygiene and stamps.
+//!
+//! The proxy-wasm glue in `lib.rs` only reads Envoy state into these inputs and writes the
+//! outputs back.
+
+use std::net::IpAddr;
+
+use halo_policy::Snapshot;
+use halo_policy::admit::{self, Admission, ModelLocation, Refusal};
+use halo_policy::assign;
+use halo_policy::decide::{self, Caller, Decision, Subject};
+use halo_policy::route;
+use halo_policy::types::WireProtocol;
+
+use crate::config::{Config, IdentityMode};
+use crate::hygiene;
+
+/// Headers that carry the harness session, in the order they are looked for: Claude Code's
+/// and Codex's. The sticky pick keys on user + session so a session keeps its target (and
+/// its provider-side prompt cache).
+pub const SESSION_HEADERS: [&str; 2] = ["x-claude-code-session-id", "session_id"];
+
+/// Claims jwt_authn verified (read from its dynamic metadata); `None` fields were absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifiedClaims {
+    pub user: Option<String>,
+    pub email_verified: Option<bool>,
+    pub groups: Vec<String>,
+}
+
+/// What the filter knows at the request headers.
+#[derive(Debug, Clone)]
+pub struct Head<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    /// Lowercase names, in arrival order; a repeated header appears repeatedly.
+    pub headers: &'a [(String, String)],
+    pub peer: Option<IpAddr>,
+    /// jwt mode: `None` when jwt_authn left no payload (missing or failed token).
+    pub claims: Option<VerifiedClaims>,
+    pub content_length: Option<u64>,
+}
+
+/// A local reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Why, for the metrics (`auth`, `identity_config`, `admit`, `too_large`, `route`).
+    pub reason: &'static str,
+}
+
+impl Reply {
+    fn error(status: u16, error_type: &'static str, message: impl Into<String>) -> Reply {
+        let refusal = Refusal {
+            status,
+            error_type,
+            message: message.into(),
+        };
+        Reply::from_refusal(&refusal, "admit")
+    }
+
+    fn from_refusal(refusal: &Refusal, reason: &'static str) -> Reply {
+        Reply {
+            status: refusal.status,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: refusal.body(),
+            reason,
+        }
+    }
+
+    fn unauthenticated(message: &str) -> Reply {
+        let mut r = Reply::error(401, "authentication_error", message);
+        r.headers
+            .push(("www-authenticate".into(), "Bearer realm=\"halos\"".into()));
+        r.reason = "auth";
+        r
+    }
+
+    pub fn too_large(max: u64) -> Reply {
+        let mut r = Reply::error(
+            413,
+            "request_too_large",
+            format!("the request body is larger than this gateway's limit of {max} bytes"),
+        );
+        r.reason = "too_large";
+        r
+    }
+}
+
+/// The request after its headers: who is calling and what to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub caller: Caller,
+    /// The sticky route key (user + session); `None` for anonymous callers.
+    pub pick_key: Option<String>,
+    pub method: String,
+    pub path: String,
+}
+
+/// Header-time checks. `Err` is the reply to send now.
+pub fn on_head(cfg: &Config, head: &Head<'_>) -> Result<Pending, Reply> {
+    let Some(mode) = cfg.identity.mode else {
+        let mut r = Reply::error(
+            503,
+            "policy_unavailable",
+            "this gateway has no identity configuration (no issuer, no trusted proxies, no mode)",
+        );
+        r.reason = "identity_config";
+        return Err(r);
+    };
+    if let Some(len) = head.content_length
+        && len > cfg.max_body_bytes
+    {
+        return Err(Reply::too_large(cfg.max_body_bytes));
+    }
+    let caller = identify(cfg, mode, head)?;
+    let pick_key = match &caller {
+        Caller::Verified(s) => {
+            let session = SESSION_HEADERS
+                .iter()
+                .find_map(|h| header(head.headers, h))
+                .unwrap_or("");
+            Some(assign::sticky_key(&s.user, session))
+        }
+        Caller::Anonymous => None,
+    };
+    Ok(Pending {
+        caller,
+        pick_key,
+        method: head.method.to_string(),
+        path: head.path.to_string(),
+    })
+}
+
+fn identify(cfg: &Config, mode: IdentityMode, head: &Head<'_>) -> Result<Caller, Reply> {
+    let id = &cfg.identity;
+    let refuse = |message: &str| {
+        if id.allow_anonymous {
+            Ok(Caller::Anonymous)
+        } else {
+            Err(Reply::unauthenticated(message))
+        }
+    };
+    match mode {
+        IdentityMode::None => Ok(Caller::Anonymous),
+        IdentityMode::Jwt => {
+            for name in ["authorization", "x-goog-api-key"] {
+                if count(head.headers, name) > 1 {
+                    return Err(duplicate(name));
+                }
+            }
+            let Some(claims) = &head.claims else {
+                return refuse(
+                    "a valid token from the organisation's identity provider is required",
+                );
+            };
+            let Some(user) = claims.user.as_deref().filter(|u| !u.is_empty()) else {
+                return refuse("the token has no user claim");
+            };
+            if id.user_claim == "email"
+                && !id.trust_unverified_email
+                && claims.email_verified != Some(true)
+            {
+                return refuse("the token's email is not verified (email_verified must be true)");
+            }
+            Ok(Caller::Verified(Subject {
+                user: user.to_string(),
+                groups: claims.groups.clone(),
+            }))
+        }
+        IdentityMode::TrustedHeader => {
+            let user_header = id.identity_header.as_deref().unwrap_or_default();
+            for name in [Some(user_header), id.groups_header.as_deref()]
+                .into_iter()
+                .flatten()
+            {
+                if count(head.headers, name) > 1 {
+                    return Err(duplicate(name));
+                }
+            }
+            let trusted = head
+                .peer
+                .is_some_and(|ip| id.trusted_proxies.iter().any(|c| c.contains(ip)));
+            if !trusted {
+                return refuse("identity headers are honoured only from trusted proxies");
+            }
+            let Some(user) = header(head.headers, user_header).filter(|u| !u.is_empty()) else {
+                return refuse("the trusted proxy sent no identity");
+            };
+            let groups = id
+                .groups_header
+                .as_deref()
+                .and_then(|g| header(head.headers, g))
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|g| !g.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default();
+            Ok(Caller::Verified(Subject {
+                user: user.to_string(),
+                groups,
+            }))
+        }
+    }
+}
+
+fn duplicate(name: &str) -> Reply {
+    let mut r = Reply::error(
+        400,
+        "invalid_request_error",
+        format!("the {name} header was sent more than once"),
+    );
+    r.reason = "auth";
+    r
+}
+
+fn count(headers: &[(String, String)], name: &str) -> usize {
+    headers.iter().filter(|(n, _)| n == name).count()
+}
+
+fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// What to send upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    /// The replacement body, when the model moved into it.
+    pub body: Option<Vec<u8>>,
+    /// The replacement `:path`, when the model is in the path or a `key` was stripped.
+    pub path: Option<String>,
+    /// The cluster to route to (the route header's value).
+    pub cluster: String,
+    /// Headers to set (after removing the client's).
+    pub stamps: Vec<(String, String)>,
+    /// For the metrics: ring, variant (`none` when unattributed), whether a decision ran.
+    pub ring: String,
+    pub variant: Option<String>,
+    pub decision: Option<Decision>,
+}
+
+/// Body-time steps on the kill-list-applied snapshot `snap`.
+pub fn on_body(
+    cfg: &Config,
+    snap: &Snapshot,
+    pending: &Pending,
+    body: &[u8],
+) -> Result<Forward, Reply> {
+    let admission = admit::admit(snap, &pending.method, &pending.path, body)
+        .map_err(|r| Reply::from_refusal(&r, "admit"))?;
+    let call = match admission {
+        Admission::ListModels => return list_models(cfg, snap),
+        Admission::Model(call) => call,
+    };
+    let decision = decide::decide(snap, &pending.caller, &call.alias);
+    let order = route::route_order(&decision.targets, pending.pick_key.as_deref(), &call.alias);
+    if order.is_empty() {
+        let mut r = Reply::error(
+            503,
+            "no_available_target",
+            format!("no target routes {:?}", call.alias),
+        );
+        r.reason = "route";
+        return Err(r);
+    }
+    let Some(first) = order
+        .iter()
+        .find(|t| route::can_serve(snap, t.target, call.wire))
+    else {
+        let mut r = Reply::error(
+            502,
+            "bad_upstream",
+            "no target of this model can serve this API",
+        );
+        r.reason = "route";
+        return Err(r);
+    };
+    let target = first.target;
+
+    let mut new_body = None;
+    let mut path = pending.path.clone();
+    match call.model_in {
+        ModelLocation::Body => {
+            let rewritten = admit::rewrite_body_model(body, &target.model)
+                .map_err(|e| Reply::error(400, "invalid_request_error", e.to_string()))?;
+            new_body = Some(rewritten);
+        }
+        ModelLocation::Path => path = rewrite_path_model(&path, call.wire, &target.model),
+    }
+    if call.wire == WireProtocol::Gemini {
+        path = hygiene::strip_key_param(&path);
+    }
+
+    let mut stamps = vec![(hygiene::RING.to_string(), decision.ring.clone())];
+    if let Some(release) = &decision.release {
+        stamps.push((hygiene::RELEASE.to_string(), release.clone()));
+    }
+    if let Some(a) = &decision.experiment {
+        stamps.push((hygiene::EXPERIMENT.to_string(), a.experiment.clone()));
+        stamps.push((hygiene::VARIANT.to_string(), a.variant.clone()));
+    }
+    stamps.push((
+        cfg.route_header.clone(),
+        halo_envoy_config::names::upstream_cluster(&target.upstream),
+    ));
+    Ok(Forward {
+        body: new_body,
+        path: (path != pending.path).then_some(path),
+        cluster: halo_envoy_config::names::upstream_cluster(&target.upstream),
+        ring: decision.ring.clone(),
+        variant: decision.experiment.as_ref().map(|a| a.variant.clone()),
+        stamps,
+        decision: Some(decision),
+    })
+}
+
+/// GET /v1/models passes through, to the upstream of the `default` alias's first target
+/// (else the first alias's): a model list needs no decision, only somewhere to ask.
+fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
+    let target = snap
+        .models
+        .get("default")
+        .and_then(|t| t.first())
+        .or_else(|| snap.models.values().find_map(|t| t.first()));
+    let Some(target) = target else {
+        let mut r = Reply::error(503, "no_available_target", "the policy routes no model");
+        r.reason = "route";
+        return Err(r);
+    };
+    let cluster = halo_envoy_config::names::upstream_cluster(&target.upstream);
+    Ok(Forward {
+        body: None,
+        path: None,
+        cluster: cluster.clone(),
+        stamps: vec![(cfg.route_header.clone(), cluster)],
+        ring: decide::UNKNOWN_RING.to_string(),
+        variant: None,
+        decision: None,
+    })
+}
+
+/// Put the target's model id into a path that carries the model (bedrock `/model/{id}/op`,
+/// gemini `/v1beta/models/{model}:op`), percent-encoded; the query is kept.
+pub fn rewrite_path_model(path: &str, wire: WireProtocol, model: &str) -> String {
+    let (base, query) = match path.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (path, None),
+    };
+    let encoded = percent_encode(model);
+    let rewritten = match wire {
+        WireProtocol::BedrockInvoke => base
+            .strip_prefix("/model/")
+            .and_then(|rest| rest.rsplit_once('/'))
+            .map(|(_, op)| format!("/model/{encoded}/{op}")),
+        WireProtocol::Gemini => base
+            .strip_prefix("/v1beta/models/")
+            .and_then(|rest| rest.rsplit_once(':'))
+            .map(|(_, op)| format!("/v1beta/models/{encoded}:{op}")),
+        _ => None,
+    }
+    .unwrap_or_else(|| base.to_string());
+    match query {
+        Some(q) => format!("{rewritten}?{q}"),
+        None => rewritten,
+    }
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
