@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{http, wait_until};
+use crate::{http, wait_for_http_ok};
 
 /// How long Envoy may take to become ready (V8 compiling a wasm module included).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -75,22 +75,10 @@ impl Envoy {
     }
 
     fn wait_ready(&mut self) {
-        let port = self.admin_port;
-        let mut exited = None;
-        let ready = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            wait_until("Envoy admin /ready", READY_TIMEOUT, || {
-                if let Ok(Some(status)) = self.child.try_wait() {
-                    exited = Some(status);
-                    return Some(false);
-                }
-                http::get(port, "/ready")
-                    .filter(|r| r.status == 200)
-                    .map(|_| true)
-            })
-        }));
-        if !matches!(ready, Ok(true)) {
+        if !wait_for_http_ok(&mut self.child, self.admin_port, "/ready", READY_TIMEOUT) {
+            let exit = self.child.try_wait().ok().flatten();
             panic!(
-                "Envoy did not become ready (exit: {exited:?}); its log:\n{}",
+                "Envoy did not become ready (exit: {exit:?}); its log:\n{}",
                 self.logs()
             );
         }

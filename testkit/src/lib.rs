@@ -45,6 +45,30 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> O
     }
 }
 
+/// Wait until the process `child` answers `GET path` on loopback `port` with 200, for at
+/// most `timeout`. False when the process exits first or the time runs out, so the caller
+/// can panic with the process's log.
+pub(crate) fn wait_for_http_ok(
+    child: &mut std::process::Child,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
+        if http::get(port, path).is_some_and(|r| r.status == 200) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The filter module built by `scripts/test.sh` (`cargo build -p halo-filter --target
 /// wasm32-unknown-unknown --release`). Set `HALO_FILTER_WASM` to use another file.
 pub fn filter_wasm() -> PathBuf {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_port, http, wait_until};
+use crate::{free_port, wait_for_http_ok};
 
 /// The registry binary: `HALO_REGISTRY_BIN`, else Debian's `/usr/bin/docker-registry`.
 pub fn registry_binary() -> PathBuf {
@@ -52,17 +52,7 @@ impl Registry {
                 )
             });
         let mut registry = Registry { child, port, dir };
-        let up = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            wait_until("docker-registry GET /v2/", Duration::from_secs(30), || {
-                if let Ok(Some(_)) = registry.child.try_wait() {
-                    return Some(false);
-                }
-                http::get(port, "/v2/")
-                    .filter(|r| r.status == 200)
-                    .map(|_| true)
-            })
-        }));
-        if !matches!(up, Ok(true)) {
+        if !wait_for_http_ok(&mut registry.child, port, "/v2/", Duration::from_secs(30)) {
             panic!(
                 "docker-registry did not start; its log:\n{}",
                 registry.logs()
