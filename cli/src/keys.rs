@@ -8,7 +8,7 @@ use clap::Subcommand;
 use halo_policy::keys;
 
 use crate::Failure;
-use crate::fsutil::create_new;
+use halo_fsutil::create_new;
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {

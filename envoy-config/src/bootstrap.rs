@@ -1,1 +1,359 @@
-pub fn _placeholder() {}
+//! The standalone bootstrap: one Envoy, static resources, no control plane.
+//!
+//! Listener -> HTTP connection manager -> jwt_authn (when the policy names an issuer) ->
+//! the halo wasm filter (fails closed) -> router. The one route sends every request to the
+//! cluster named by the filter's route header (see [`crate::names`]). Clusters: one per
+//! policy upstream, the issuer's JWKS, the kill-list server.
+//!
+//! [`standalone`] is pure: the caller reads files and passes their contents.
+
+use std::collections::BTreeSet;
+
+use halo_policy::Snapshot;
+use serde_json::{Value, json};
+
+use crate::names;
+
+/// Default request body bound of model calls (the filter's default too).
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+
+/// What the standalone bootstrap is rendered from, besides the snapshot.
+#[derive(Debug, Clone)]
+pub struct Standalone {
+    /// Listener address and port.
+    pub listen_address: String,
+    pub listen_port: u16,
+    /// Admin address and port (stats, /ready). Keep it on loopback.
+    pub admin_address: String,
+    pub admin_port: u16,
+    /// Path of halo_filter.wasm as Envoy will see it.
+    pub wasm_path: String,
+    /// The issuer's JWKS URL; default `<issuer>/.well-known/jwks.json`.
+    pub jwks_uri: Option<String>,
+    /// The filter's `settings` object (identity, forwardAuth, maxBodyBytes, killSwitch...),
+    /// passed through; `killSwitch.cluster` is filled in when a kill-list URL is given.
+    pub settings: Value,
+    /// The kill-list URL (halo-server's GET /api/v1/gateway/killswitch).
+    pub killswitch_url: Option<String>,
+}
+
+/// Why a bootstrap cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error("{what}: {url:?} is not an http(s) URL with a host")]
+    BadUrl { what: String, url: String },
+    #[error("settings must be a JSON object")]
+    Settings,
+}
+
+/// A parsed http(s) URL: what a cluster needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+/// Parse `url` (http or https, host, optional port and path).
+pub fn endpoint(what: &str, url: &str) -> Result<Endpoint, RenderError> {
+    let bad = || RenderError::BadUrl {
+        what: what.to_string(),
+        url: url.to_string(),
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let tls = match scheme {
+        "https" => true,
+        "http" => false,
+        _ => return Err(bad()),
+    };
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, p) = v6.split_once(']').ok_or_else(bad)?;
+        (h.to_string(), p.strip_prefix(':'))
+    } else {
+        match authority.split_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (authority.to_string(), None),
+        }
+    };
+    if host.is_empty() || host.contains('@') {
+        return Err(bad());
+    }
+    let port = match port {
+        Some(p) => p.parse().map_err(|_| bad())?,
+        None if tls => 443,
+        None => 80,
+    };
+    Ok(Endpoint {
+        tls,
+        host,
+        port,
+        path: if path.is_empty() {
+            "/".to_string()
+        } else {
+            path.to_string()
+        },
+    })
+}
+
+/// A one-endpoint cluster for `ep`: DNS-resolved unless the host is an IP literal, TLS
+/// with SNI for https.
+pub fn cluster(name: &str, ep: &Endpoint) -> Value {
+    let is_ip = ep.host.parse::<std::net::IpAddr>().is_ok();
+    let mut c = json!({
+        "name": name,
+        "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
+        "connect_timeout": "10s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {
+                "address": {"socket_address": {"address": ep.host, "port_value": ep.port}},
+                "hostname": ep.host,
+            }}]}],
+        },
+    });
+    if !is_ip {
+        c["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+    if ep.tls {
+        c["transport_socket"] = json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": ep.host,
+            },
+        });
+    }
+    c
+}
+
+/// Every upstream the snapshot can route to: the gateway routes, toggle routes and
+/// experiment variant routes name upstreams; each gets a cluster.
+pub fn upstream_clusters(snap: &Snapshot) -> Result<Vec<Value>, RenderError> {
+    let mut used: BTreeSet<&str> = BTreeSet::new();
+    let routes = snap
+        .models
+        .values()
+        .chain(snap.toggles.iter().flat_map(|t| t.routes.values()))
+        .chain(
+            snap.experiments
+                .iter()
+                .flat_map(|e| e.variants.iter().flat_map(|v| v.routes.values())),
+        );
+    for targets in routes {
+        for t in targets {
+            used.insert(t.upstream.as_str());
+        }
+    }
+    let mut out = Vec::new();
+    for (name, upstream) in &snap.upstreams {
+        if !used.contains(name.as_str()) {
+            continue;
+        }
+        let ep = endpoint(&format!("upstream {name}"), &upstream.url)?;
+        out.push(cluster(&names::upstream_cluster(name), &ep));
+    }
+    Ok(out)
+}
+
+/// jwt_authn for the policy's identity: one provider for bearer tokens, one for the
+/// gemini wire that also takes `x-goog-api-key` and `?key=`. A missing or failed token
+/// passes (the filter answers 401 itself, or routes anonymously with allowAnonymous);
+/// verified claims go to dynamic metadata under [`names::JWT_PAYLOAD_KEY`].
+pub fn jwt_authn(snap: &Snapshot, jwks_uri: &str) -> Option<Value> {
+    let identity = snap.identity.as_ref().filter(|i| !i.issuer.is_empty())?;
+    let provider = |gemini: bool| {
+        let mut p = json!({
+            "issuer": identity.issuer,
+            "remote_jwks": {
+                "http_uri": {"uri": jwks_uri, "cluster": names::JWKS_CLUSTER, "timeout": "5s"},
+                "cache_duration": "300s",
+            },
+            "payload_in_metadata": names::JWT_PAYLOAD_KEY,
+            // The filter strips credentials itself (unless forwardAuth).
+            "forward": true,
+        });
+        if let Some(aud) = identity.effective_audience() {
+            p["audiences"] = json!([aud]);
+        }
+        if gemini {
+            p["from_headers"] = json!([
+                {"name": "authorization", "value_prefix": "Bearer "},
+                {"name": "x-goog-api-key"},
+            ]);
+            p["from_params"] = json!(["key"]);
+        }
+        p
+    };
+    let requires = |provider: &str| {
+        json!({"requires_any": {"requirements": [
+            {"provider_name": provider},
+            {"allow_missing_or_failed": {}},
+        ]}})
+    };
+    Some(json!({
+        "name": "envoy.filters.http.jwt_authn",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+            "providers": {"halo": provider(false), "halo_gemini": provider(true)},
+            "rules": [
+                {"match": {"prefix": "/v1beta/models/"}, "requires": requires("halo_gemini")},
+                {"match": {"prefix": "/"}, "requires": requires("halo")},
+            ],
+        },
+    }))
+}
+
+/// The halo wasm filter, configured with `{snapshot, settings}`; fails closed.
+pub fn wasm_filter(wasm_path: &str, snap: &Snapshot, settings: &Value) -> Value {
+    let snapshot: Value = serde_json::to_value(snap).unwrap_or(Value::Null);
+    let configuration = json!({"snapshot": snapshot, "settings": settings}).to_string();
+    json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "halo",
+                "root_id": "halo",
+                "fail_open": false,
+                // Pause on request headers must mean StopIteration (the body still reaches
+                // the filter, the headers wait for its decision), not proxy-wasm's default
+                // StopAll, under which the body never reaches the filter. Envoy >= 1.35.
+                "allow_on_headers_stop_iteration": true,
+                "vm_config": {
+                    "vm_id": "halo",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": wasm_path}},
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": configuration,
+                },
+            },
+        },
+    })
+}
+
+/// Stats tags for the filter's metrics (`halo.<metric>.<tag>.<value>...`, see the
+/// filter's `metrics` module), so Prometheus shows them as labels.
+pub fn stats_tags() -> Value {
+    let tags: Vec<Value> = ["ring", "variant", "status", "source", "outcome"]
+        .iter()
+        .map(|tag| {
+            json!({
+                "tag_name": format!("halo_{tag}"),
+                "regex": format!(r"^wasmcustom\.halo\..*?(\.{tag}\.([^.]+))"),
+            })
+        })
+        .collect();
+    Value::Array(tags)
+}
+
+/// The whole standalone bootstrap.
+pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderError> {
+    let mut settings = opts.settings.clone();
+    if !settings.is_object() {
+        return Err(RenderError::Settings);
+    }
+    let mut clusters = upstream_clusters(snap)?;
+    if let Some(url) = &opts.killswitch_url {
+        let ep = endpoint("killswitch URL", url)?;
+        clusters.push(cluster(names::KILLSWITCH_CLUSTER, &ep));
+        let ks = settings
+            .as_object_mut()
+            .map(|m| m.entry("killSwitch").or_insert_with(|| json!({})));
+        if let Some(Value::Object(ks)) = ks {
+            ks.insert("cluster".into(), json!(names::KILLSWITCH_CLUSTER));
+            ks.insert("url".into(), json!(url));
+        }
+    }
+    let max_body = settings
+        .get("maxBodyBytes")
+        .and_then(Value::as_u64)
+        .unwrap_or(DEFAULT_MAX_BODY_BYTES);
+
+    let mut http_filters = Vec::new();
+    if let Some(identity) = snap.identity.as_ref().filter(|i| !i.issuer.is_empty()) {
+        let jwks = match &opts.jwks_uri {
+            Some(u) => u.clone(),
+            None => format!(
+                "{}/.well-known/jwks.json",
+                identity.issuer.trim_end_matches('/')
+            ),
+        };
+        let ep = endpoint("JWKS URI", &jwks)?;
+        clusters.push(cluster(names::JWKS_CLUSTER, &ep));
+        http_filters.extend(jwt_authn(snap, &jwks));
+    }
+    http_filters.push(wasm_filter(&opts.wasm_path, snap, &settings));
+    http_filters.push(json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+    }));
+
+    let hcm = json!({
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "halo",
+            "codec_type": "AUTO",
+            // Model responses stream for minutes: no stream idle cut-off from Envoy.
+            "stream_idle_timeout": "0s",
+            "route_config": {
+                "name": "halo",
+                "virtual_hosts": [{
+                    "name": "halo",
+                    "domains": ["*"],
+                    "routes": [{
+                        "match": {"prefix": "/"},
+                        "route": {
+                            "cluster_header": names::ROUTE_HEADER,
+                            "timeout": "0s",
+                            "auto_host_rewrite": true,
+                        },
+                    }],
+                }],
+            },
+            "http_filters": http_filters,
+        },
+    });
+    Ok(json!({
+        "admin": {"address": {"socket_address": {"address": opts.admin_address, "port_value": opts.admin_port}}},
+        "stats_config": {"stats_tags": stats_tags()},
+        "static_resources": {
+            "listeners": [{
+                "name": "halo",
+                "address": {"socket_address": {"address": opts.listen_address, "port_value": opts.listen_port}},
+                // Room for a whole model call (the filter answers 413 above maxBodyBytes).
+                "per_connection_buffer_limit_bytes": max_body + 1024 * 1024,
+                "filter_chains": [{"filters": [hcm]}],
+            }],
+            "clusters": clusters,
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let e = endpoint("x", "https://api.anthropic.com").unwrap();
+        assert_eq!(
+            (e.tls, e.host.as_str(), e.port, e.path.as_str()),
+            (true, "api.anthropic.com", 443, "/")
+        );
+        let e = endpoint("x", "http://127.0.0.1:8080/api/v1/gateway/killswitch").unwrap();
+        assert_eq!(
+            (e.tls, e.port, e.path.as_str()),
+            (false, 8080, "/api/v1/gateway/killswitch")
+        );
+        assert!(endpoint("x", "ftp://h").is_err());
+        assert!(endpoint("x", "http://:80").is_err());
+    }
+}

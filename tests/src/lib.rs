@@ -1,0 +1,599 @@
+//! halo-e2e: the end-to-end harness. Everything real except the model providers and the
+//! identity provider, which are small axum servers on loopback speaking the real wire and
+//! signing with real keys:
+//! - [`Issuer`]: an OIDC issuer's JWKS and ES256 tokens minted with a real P-256 key.
+//! - [`Provider`]: a fake model provider (Anthropic `/v1/messages` incl. a gated SSE
+//!   stream, OpenAI `/v1/responses`, Gemini `generateContent`, `GET /v1/models`) that
+//!   records every request it receives.
+//! - [`KillServer`]: halo-server's `GET /api/v1/gateway/killswitch`, serving envelopes
+//!   signed with halo-policy's `killswitch::sign`.
+//! - [`Gateway`]: a real Envoy from the standalone bootstrap (halo-envoy-config) with the
+//!   built filter module.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use halo_policy::Snapshot;
+use halo_policy::killswitch::{self, KillPayload};
+use halo_testkit::envoy::Envoy;
+use p256::ecdsa::signature::Signer as _;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+/// The audience tokens must carry.
+pub const AUDIENCE: &str = "api://halos";
+/// The gateway token the kill-list server expects.
+pub const KILL_TOKEN: &str = "gw-token-7f3a";
+
+fn b64url(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+async fn serve(router: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    addr
+}
+
+/// Unix seconds now.
+pub fn now_unix() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+// ---------------------------------------------------------------------------------------
+// Issuer
+
+/// A local OIDC issuer: serves its JWKS and mints ES256 tokens.
+pub struct Issuer {
+    pub url: String,
+    key: p256::ecdsa::SigningKey,
+}
+
+fn p256_key(seed: u8) -> p256::ecdsa::SigningKey {
+    p256::ecdsa::SigningKey::from_slice(&[seed; 32]).expect("a valid P-256 scalar")
+}
+
+fn jwk(key: &p256::ecdsa::SigningKey, kid: &str) -> Value {
+    let public = p256::PublicKey::from(key.verifying_key());
+    let mut jwk: Value = serde_json::from_str(&public.to_jwk_string()).expect("jwk json");
+    jwk["kid"] = json!(kid);
+    jwk["alg"] = json!("ES256");
+    jwk["use"] = json!("sig");
+    jwk
+}
+
+fn sign_jwt(key: &p256::ecdsa::SigningKey, kid: &str, claims: &Value) -> String {
+    let header = json!({"alg": "ES256", "typ": "JWT", "kid": kid});
+    let input = format!(
+        "{}.{}",
+        b64url(header.to_string().as_bytes()),
+        b64url(claims.to_string().as_bytes())
+    );
+    let signature: p256::ecdsa::Signature = key.sign(input.as_bytes());
+    format!("{input}.{}", b64url(&signature.to_bytes()))
+}
+
+impl Issuer {
+    pub async fn start() -> Issuer {
+        let key = p256_key(0x11);
+        let jwks = json!({"keys": [jwk(&key, "k1")]});
+        let router = axum::Router::new().route(
+            "/.well-known/jwks.json",
+            axum::routing::get(move || {
+                let jwks = jwks.clone();
+                async move { axum::Json(jwks) }
+            }),
+        );
+        let addr = serve(router).await;
+        Issuer {
+            url: format!("http://{addr}"),
+            key,
+        }
+    }
+
+    /// Standard claims for `email`, valid for an hour, plus `extra`.
+    pub fn claims(&self, email: &str, groups: &[&str]) -> Value {
+        let now = now_unix();
+        json!({
+            "iss": self.url, "aud": AUDIENCE, "sub": format!("sub-{email}"),
+            "email": email, "email_verified": true, "groups": groups,
+            "iat": now, "exp": now + 3600,
+        })
+    }
+
+    /// A valid token for `email` in `groups`.
+    pub fn token(&self, email: &str, groups: &[&str]) -> String {
+        self.mint(&self.claims(email, groups))
+    }
+
+    /// Sign arbitrary claims with the issuer's key.
+    pub fn mint(&self, claims: &Value) -> String {
+        sign_jwt(&self.key, "k1", claims)
+    }
+
+    /// The same claims signed by a key the JWKS does not have (same kid).
+    pub fn forge(&self, claims: &Value) -> String {
+        sign_jwt(&p256_key(0x22), "k1", claims)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Providers
+
+/// One request a provider received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// Lowercase names.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+struct ProviderState {
+    name: String,
+    seen: Mutex<Vec<Seen>>,
+    /// Releases the rest of a gated SSE stream.
+    release: Notify,
+}
+
+/// A fake model provider on loopback.
+#[derive(Clone)]
+pub struct Provider {
+    pub name: String,
+    pub url: String,
+    state: Arc<ProviderState>,
+}
+
+impl Provider {
+    pub async fn start(name: &str) -> Provider {
+        let state = Arc::new(ProviderState {
+            name: name.to_string(),
+            seen: Mutex::new(Vec::new()),
+            release: Notify::new(),
+        });
+        let router = axum::Router::new()
+            .fallback(provider_handler)
+            .with_state(state.clone());
+        let addr = serve(router).await;
+        Provider {
+            name: name.to_string(),
+            url: format!("http://{addr}"),
+            state,
+        }
+    }
+
+    /// Everything received so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().expect("seen lock").clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.seen.lock().expect("seen lock").len()
+    }
+
+    /// Let a gated SSE stream send its last event.
+    pub fn release_stream(&self) {
+        self.state.release.notify_one();
+    }
+}
+
+async fn provider_handler(
+    State(state): State<Arc<ProviderState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string());
+    let seen = Seen {
+        method: method.to_string(),
+        path: path.clone(),
+        headers: headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect(),
+        body: body.to_vec(),
+    };
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    state.seen.lock().expect("seen lock").push(seen);
+    let provider = state.name.clone();
+    let json_reply = |v: Value| {
+        (
+            [
+                ("x-provider", provider.clone()),
+                ("content-type", "application/json".to_string()),
+            ],
+            v.to_string(),
+        )
+            .into_response()
+    };
+    if method == Method::GET && uri.path() == "/v1/models" {
+        return json_reply(json!({"data": [{"id": "claude-sonnet-4-5", "type": "model"}]}));
+    }
+    if uri.path() == "/v1/messages" && request["stream"] == json!(true) {
+        let model = request["model"].as_str().unwrap_or("").to_string();
+        let st = state.clone();
+        let first = format!(
+            "event: message_start\ndata: {}\n\n",
+            json!({"type": "message_start", "message": {"model": model}})
+        );
+        let stream = futures_util::stream::unfold(0u8, move |step| {
+            let st = st.clone();
+            let first = first.clone();
+            async move {
+                match step {
+                    0 => Some((Ok::<_, std::io::Error>(Bytes::from(first)), 1)),
+                    1 => {
+                        // The last event waits until the test has seen the first one.
+                        st.release.notified().await;
+                        Some((
+                            Ok(Bytes::from_static(
+                                b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+                            )),
+                            2,
+                        ))
+                    }
+                    _ => None,
+                }
+            }
+        });
+        return Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "text/event-stream")
+            .header("x-provider", provider)
+            .body(Body::from_stream(stream))
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
+    let model = request["model"].clone();
+    json_reply(json!({"provider": state.name, "path": path, "model": model, "type": "message"}))
+}
+
+// ---------------------------------------------------------------------------------------
+// Kill-list server
+
+enum Serving {
+    Envelope(Vec<u8>),
+    Down,
+}
+
+/// halo-server's kill-list endpoint, signing with a real ed25519 key.
+pub struct KillServer {
+    pub url: String,
+    pub key: ed25519_dalek::SigningKey,
+    serving: Arc<Mutex<Serving>>,
+    version: Mutex<u64>,
+}
+
+impl KillServer {
+    pub async fn start() -> KillServer {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[0x33; 32]);
+        let serving = Arc::new(Mutex::new(Serving::Down));
+        let s = serving.clone();
+        let router = axum::Router::new().route(
+            "/api/v1/gateway/killswitch",
+            axum::routing::get(move |headers: HeaderMap| {
+                let s = s.clone();
+                async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    if auth != format!("Bearer {KILL_TOKEN}") {
+                        return StatusCode::UNAUTHORIZED.into_response();
+                    }
+                    match &*s.lock().expect("serving lock") {
+                        Serving::Envelope(e) => {
+                            ([("content-type", "application/json")], e.clone()).into_response()
+                        }
+                        Serving::Down => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                    }
+                }
+            }),
+        );
+        let addr = serve(router).await;
+        let k = KillServer {
+            url: format!("http://{addr}/api/v1/gateway/killswitch"),
+            key,
+            serving,
+            version: Mutex::new(0),
+        };
+        k.serve_kills(&[], &[]);
+        k
+    }
+
+    /// The public key as PEM (what the gateway is configured with).
+    pub fn pubkey_pem(&self) -> String {
+        halo_policy::keys::KeyPair::from_signing_key(&self.key)
+            .expect("key pair")
+            .public_pem
+            .clone()
+    }
+
+    /// A signed envelope issued `offset_secs` from now.
+    pub fn envelope(&self, experiments: &[&str], toggles: &[&str], offset_secs: i64) -> Vec<u8> {
+        let mut v = self.version.lock().expect("version lock");
+        *v += 1;
+        let payload = KillPayload {
+            version: *v,
+            experiments: experiments.iter().map(|s| s.to_string()).collect(),
+            toggles: toggles.iter().map(|s| s.to_string()).collect(),
+            issued_at: time::OffsetDateTime::now_utc() + time::Duration::seconds(offset_secs),
+        };
+        killswitch::sign(&payload, &self.key).expect("sign kill list")
+    }
+
+    /// Serve a fresh list killing these experiments and toggles.
+    pub fn serve_kills(&self, experiments: &[&str], toggles: &[&str]) {
+        let e = self.envelope(experiments, toggles, 0);
+        self.serve(e);
+    }
+
+    pub fn serve(&self, envelope: Vec<u8>) {
+        *self.serving.lock().expect("serving lock") = Serving::Envelope(envelope);
+    }
+
+    /// Answer 503 from now on.
+    pub fn go_down(&self) {
+        *self.serving.lock().expect("serving lock") = Serving::Down;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The policy and the gateway
+
+/// The providers behind the test policy, by upstream name.
+pub struct Providers {
+    pub a: Provider,
+    pub b: Provider,
+    pub openai: Provider,
+    pub gemini: Provider,
+}
+
+impl Providers {
+    pub async fn start() -> Providers {
+        Providers {
+            a: Provider::start("prov-a").await,
+            b: Provider::start("prov-b").await,
+            openai: Provider::start("openai").await,
+            gemini: Provider::start("gemini").await,
+        }
+    }
+
+    pub fn all(&self) -> [&Provider; 4] {
+        [&self.a, &self.b, &self.openai, &self.gemini]
+    }
+
+    pub fn total(&self) -> usize {
+        self.all().iter().map(|p| p.count()).sum()
+    }
+}
+
+/// The test policy as a compiled snapshot: rings canary (alice, group canary-group) and
+/// general (default, pinned release); aliases sonnet, opus, haiku, weighted (50/50
+/// prov-a/prov-b), gpt (openai), gemini-pro (gemini); toggle haiku-b (group ds routes haiku
+/// to prov-b); canaries sonnet-canary and opus-canary (50/50, each on its own alias).
+pub fn test_snapshot(issuer: &str, p: &Providers) -> Snapshot {
+    let t = |up: &str, model: &str| json!({"upstream": up, "model": model});
+    let doc = json!({
+        "schema": 1,
+        "org": "test-org",
+        "identity": {"issuer": issuer, "audience": AUDIENCE, "claims": {"user": "email", "groups": "groups"}},
+        "protocols": {"claude-code": "anthropic-messages", "codex": "openai-responses", "gemini-cli": "gemini"},
+        "upstreams": {
+            "prov-a": {"url": p.a.url, "kind": "anthropic"},
+            "prov-b": {"url": p.b.url, "kind": "anthropic"},
+            "openai": {"url": p.openai.url, "kind": "openai"},
+            "gemini": {"url": p.gemini.url, "kind": "gemini"},
+        },
+        "models": {
+            "sonnet": [t("prov-a", "claude-sonnet-4-5-20250929")],
+            "opus": [t("prov-a", "claude-opus-4-1")],
+            "haiku": [t("prov-a", "claude-haiku-4-5")],
+            "weighted": [
+                {"upstream": "prov-a", "model": "model-a", "weight": 50},
+                {"upstream": "prov-b", "model": "model-b", "weight": 50},
+            ],
+            "gpt": [t("openai", "gpt-5-codex")],
+            "gemini-pro": [t("gemini", "gemini-2.5-pro")],
+        },
+        "rings": [
+            {"name": "canary", "order": 0, "membership": {"users": ["alice@acme.test"], "groups": ["canary-group"]}},
+            {"name": "general", "order": 9, "release": "sha256:0123abcd", "membership": {"default": true}},
+        ],
+        "experiments": [
+            {"name": "opus-canary", "type": "canary", "axis": "traffic", "status": "running",
+             "rings": ["canary", "general"], "salt": "opus-canary-v1",
+             "variants": [{"name": "control", "weight": 50},
+                          {"name": "canary", "weight": 50, "routes": {"opus": [t("prov-b", "opus-canary-model")]}}]},
+            {"name": "sonnet-canary", "type": "canary", "axis": "traffic", "status": "running",
+             "rings": ["canary", "general"], "salt": "sonnet-canary-v1",
+             "variants": [{"name": "control", "weight": 50},
+                          {"name": "canary", "weight": 50, "routes": {"sonnet": [t("prov-b", "sonnet-canary-model")]}}]},
+        ],
+        "toggles": [
+            {"name": "haiku-b", "default": false, "rules": [{"groups": ["ds"], "effect": "on"}],
+             "routes": {"haiku": [t("prov-b", "haiku-b-model")]}},
+        ],
+    });
+    Snapshot::from_bytes(doc.to_string().as_bytes()).expect("test snapshot decodes")
+}
+
+/// A running gateway: Envoy with the halo filter in front of the fakes.
+pub struct Gateway {
+    pub envoy: Envoy,
+    pub port: u16,
+    pub base: String,
+    pub snapshot: Snapshot,
+    pub client: reqwest::Client,
+}
+
+/// How to start a gateway.
+pub struct GatewayOptions {
+    pub settings: Value,
+    pub killswitch_url: Option<String>,
+    pub concurrency: u32,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            settings: json!({}),
+            killswitch_url: None,
+            concurrency: 1,
+        }
+    }
+}
+
+impl Gateway {
+    /// Render the standalone bootstrap for `snapshot` and start Envoy on it.
+    pub fn start(snapshot: Snapshot, opts: GatewayOptions) -> Gateway {
+        let port = halo_testkit::free_port();
+        let admin = halo_testkit::free_port();
+        let boot = halo_envoy_config::bootstrap::Standalone {
+            listen_address: "127.0.0.1".into(),
+            listen_port: port,
+            admin_address: "127.0.0.1".into(),
+            admin_port: admin,
+            wasm_path: halo_testkit::filter_wasm().display().to_string(),
+            jwks_uri: None,
+            settings: opts.settings,
+            killswitch_url: opts.killswitch_url,
+        };
+        let doc =
+            halo_envoy_config::bootstrap::standalone(&snapshot, &boot).expect("render bootstrap");
+        let yaml = halo_envoy_config::yaml::to_yaml(&doc);
+        if let Some(path) = std::env::var_os("HALO_E2E_DUMP") {
+            let _ = std::fs::write(path, &yaml);
+        }
+        let envoy =
+            tokio::task::block_in_place(|| Envoy::start_with(&yaml, admin, opts.concurrency));
+        if std::env::var_os("HALO_E2E_DEBUG").is_some() {
+            let _ = halo_testkit::http::request(admin, "POST", "/logging?level=debug", &[], b"");
+        }
+        Gateway {
+            envoy,
+            port,
+            base: format!("http://127.0.0.1:{port}"),
+            snapshot,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("http client"),
+        }
+    }
+
+    /// POST a JSON body to `path` with `headers`.
+    pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: &Value) -> Answer {
+        self.send(
+            reqwest::Method::POST,
+            path,
+            headers,
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Answer {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        let resp = match req.body(body).send().await {
+            Ok(r) => r,
+            Err(e) => panic!(
+                "request through Envoy failed: {e}\nEnvoy log:\n{}",
+                self.envoy.logs()
+            ),
+        };
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect();
+        let body = resp.bytes().await.expect("response body").to_vec();
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The value of a counter whose Prometheus text line starts with `prefix` (name and
+    /// labels), summed over matching lines.
+    pub fn prometheus_sum(&self, prefix: &str) -> u64 {
+        self.envoy
+            .prometheus()
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// The filter's counter `name` (dotted, as defined by the filter).
+    pub fn counter(&self, name: &str) -> u64 {
+        self.envoy.stat(&format!("wasmcustom.{name}")).unwrap_or(0)
+    }
+}
+
+/// A response as the client saw it.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: BTreeMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// `("authorization", "Bearer <token>")` as an owned pair.
+pub fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
