@@ -155,7 +155,10 @@ fn identify(cfg: &Config, mode: IdentityMode, head: &Head<'_>) -> Result<Caller,
         IdentityMode::None => Ok(Caller::Anonymous),
         IdentityMode::Jwt => {
             for name in ["authorization", "x-goog-api-key"] {
-                if count(head.headers, name) > 1 {
+                // Envoy folds a repeated Authorization (an inline header) into one value
+                // joined by commas; a token never contains one.
+                let folded = header(head.headers, name).is_some_and(|v| v.contains(','));
+                if count(head.headers, name) > 1 || folded {
                     return Err(duplicate(name));
                 }
             }

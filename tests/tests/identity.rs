@@ -1,7 +1,7 @@
-//! Identity, admit, decision and hygiene through a real Envoy.
+//! Identity, admit and header hygiene through a real Envoy (jwt_authn + the halo filter).
 
 use halo_e2e::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 async fn setup() -> (Issuer, Providers, Gateway) {
     let issuer = Issuer::start().await;
@@ -11,23 +11,411 @@ async fn setup() -> (Issuer, Providers, Gateway) {
     (issuer, providers, gw)
 }
 
+fn msg(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valid_jwt_is_routed_alias_rewritten_ring_and_release_stamped() {
     let (issuer, p, gw) = setup().await;
     let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
-    let body =
-        json!({"model": "haiku", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let body = json!({"model": "haiku", "max_tokens": 5, "metadata": {"n": 1.50},
+        "messages": [{"role": "user", "content": "h\u{e9}llo \"q\""}]});
     let a = gw
         .post("/v1/messages", &[("authorization", &token)], &body)
         .await;
-    assert_eq!(a.status, 200, "{}\n{}", a.text(), gw.envoy.logs());
+    assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.header("x-provider"), Some("prov-a"));
     let seen = p.a.seen();
     assert_eq!(seen.len(), 1);
     let s = &seen[0];
     assert_eq!(s.json()["model"], "claude-haiku-4-5");
-    // Every other byte of the body is as the client sent it.
-    assert_eq!(s.json()["messages"], body["messages"]);
+    // Only the model's bytes changed: the rest is byte-identical to what the client sent.
+    let sent = body
+        .to_string()
+        .replace("\"haiku\"", "\"claude-haiku-4-5\"");
+    assert_eq!(String::from_utf8_lossy(&s.body), sent);
     assert_eq!(s.header("x-halo-ring"), Some("general"));
     assert_eq!(s.header("x-halo-release"), Some("sha256:0123abcd"));
+
+    // The canary ring by user claim; no release pinned there.
+    let token = bearer(&issuer.token("alice@acme.test", &[]));
+    let a = gw
+        .post("/v1/messages", &[("authorization", &token)], &msg("haiku"))
+        .await;
+    assert_eq!(a.status, 200);
+    let s = p.a.seen().pop().expect("second request");
+    assert_eq!(s.header("x-halo-ring"), Some("canary"));
+    assert_eq!(s.header("x-halo-release"), None);
+    // And by group claim.
+    let token = bearer(&issuer.token("erin@acme.test", &["canary-group"]));
+    gw.post("/v1/messages", &[("authorization", &token)], &msg("haiku"))
+        .await;
+    assert_eq!(
+        p.a.seen().pop().expect("third").header("x-halo-ring"),
+        Some("canary")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_forged_expired_wrong_audience_garbage_and_unverified_tokens_are_401() {
+    let (issuer, p, gw) = setup().await;
+    let now = now_unix();
+    let mut expired = issuer.claims("dave@acme.test", &[]);
+    expired["iat"] = json!(now - 7200);
+    expired["exp"] = json!(now - 3600);
+    let mut wrong_aud = issuer.claims("dave@acme.test", &[]);
+    wrong_aud["aud"] = json!("api://someone-else");
+    let mut unverified = issuer.claims("dave@acme.test", &[]);
+    unverified["email_verified"] = json!(false);
+    let mut no_verified_claim = issuer.claims("dave@acme.test", &[]);
+    no_verified_claim
+        .as_object_mut()
+        .expect("object")
+        .remove("email_verified");
+    let cases: Vec<(&str, Option<String>)> = vec![
+        ("missing", None),
+        (
+            "forged",
+            Some(issuer.forge(&issuer.claims("dave@acme.test", &[]))),
+        ),
+        ("expired", Some(issuer.mint(&expired))),
+        ("wrong audience", Some(issuer.mint(&wrong_aud))),
+        ("garbage", Some("not-a-jwt".to_string())),
+        (
+            "garbage segments",
+            Some("eyJhbGciOiJFUzI1NiJ9.e30.AAAA".to_string()),
+        ),
+        ("email_verified false", Some(issuer.mint(&unverified))),
+        (
+            "email_verified absent",
+            Some(issuer.mint(&no_verified_claim)),
+        ),
+    ];
+    for (what, token) in cases {
+        let auth = token.map(|t| bearer(&t));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        let a = gw.post("/v1/messages", &headers, &msg("haiku")).await;
+        assert_eq!(a.status, 401, "{what}: {}", a.text());
+        assert_eq!(
+            a.header("www-authenticate"),
+            Some("Bearer realm=\"halos\""),
+            "{what}"
+        );
+        assert_eq!(a.json()["error"]["type"], "authentication_error", "{what}");
+    }
+    assert_eq!(p.total(), 0, "no refused request reached an upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_credentials_never_reach_the_upstream() {
+    let (issuer, p, gw) = setup().await;
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    let a = gw
+        .post(
+            "/v1/messages",
+            &[
+                ("authorization", &token),
+                ("x-api-key", "sk-ant-client-secret"),
+                ("api-key", "azure-client-secret"),
+                ("x-goog-api-key", "goog-client-secret"),
+                ("proxy-authorization", "Basic cHJveHk6c2VjcmV0"),
+                ("anthropic-version", "2023-06-01"),
+            ],
+            &msg("haiku"),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.a.seen().pop().expect("routed");
+    for h in [
+        "authorization",
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "proxy-authorization",
+    ] {
+        assert_eq!(s.header(h), None, "{h} reached the upstream");
+    }
+    assert_eq!(
+        s.header("anthropic-version"),
+        Some("2023-06-01"),
+        "other headers pass"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spoofed_halo_headers_are_stripped_and_not_used_for_the_decision() {
+    let (issuer, p, gw) = setup().await;
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    let a = gw
+        .post(
+            "/v1/messages",
+            &[
+                ("authorization", &token),
+                ("x-halo-ring", "canary"),
+                ("x-halo-route", "halo-upstream-prov-b"),
+                ("x-halo-experiment", "sonnet-canary"),
+                ("x-halo-variant", "canary"),
+                ("x-halo-killswitch", "misconfigured"),
+                ("x-halo-user", "alice@acme.test"),
+            ],
+            &msg("haiku"),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        a.header("x-provider"),
+        Some("prov-a"),
+        "the client's route header was ignored"
+    );
+    assert_eq!(p.b.count(), 0);
+    let s = p.a.seen().pop().expect("routed");
+    assert_eq!(
+        s.header("x-halo-ring"),
+        Some("general"),
+        "ring from the token, not the header"
+    );
+    assert_eq!(s.header("x-halo-experiment"), None);
+    assert_eq!(s.header("x-halo-variant"), None);
+    assert_eq!(s.header("x-halo-killswitch"), None);
+    assert_eq!(s.header("x-halo-user"), None);
+    assert_eq!(s.header("x-halo-route"), Some("halo-upstream-prov-a"));
+    let halo: Vec<_> = s
+        .headers
+        .iter()
+        .filter(|(n, _)| n.starts_with("x-halo-"))
+        .collect();
+    assert_eq!(halo.len(), 3, "only the gateway's own stamps: {halo:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_model_batches_and_non_model_paths_are_refused_before_any_upstream() {
+    let (issuer, p, gw) = setup().await;
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    let auth = [("authorization", token.as_str())];
+    let a = gw
+        .post("/v1/messages", &auth, &msg("claude-3-opus-20240229"))
+        .await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert_eq!(a.json()["error"]["type"], "invalid_request_error");
+    let a = gw
+        .post("/v1/messages", &auth, &json!({"messages": []}))
+        .await;
+    assert_eq!(a.status, 400, "no model: {}", a.text());
+    let a = gw
+        .post("/v1/messages/batches", &auth, &json!({"requests": []}))
+        .await;
+    assert_eq!(a.status, 400, "batches: {}", a.text());
+    let a = gw.post("/v1/complete", &auth, &msg("haiku")).await;
+    assert_eq!(a.status, 404, "{}", a.text());
+    assert_eq!(a.json()["error"]["type"], "not_found_error");
+    let a = gw.send(reqwest::Method::GET, "/admin", &auth, vec![]).await;
+    assert_eq!(a.status, 404);
+    let a = gw
+        .send(reqwest::Method::GET, "/v1/messages", &auth, vec![])
+        .await;
+    assert_eq!(a.status, 404, "GET on a POST path");
+    assert_eq!(p.total(), 0, "nothing reached an upstream");
+
+    // GET /v1/models passes through (to the first target of the first alias here).
+    let a = gw
+        .send(reqwest::Method::GET, "/v1/models", &auth, vec![])
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["data"][0]["type"], "model");
+    assert_eq!(p.total(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_body_is_413_and_never_reaches_an_upstream() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let snap = test_snapshot(&issuer.url, &p);
+    let gw = Gateway::start(
+        snap,
+        GatewayOptions {
+            settings: json!({"maxBodyBytes": 4096}),
+            ..GatewayOptions::default()
+        },
+    );
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    let big =
+        json!({"model": "haiku", "messages": [{"role": "user", "content": "x".repeat(8192)}]});
+    let a = gw
+        .post("/v1/messages", &[("authorization", &token)], &big)
+        .await;
+    assert_eq!(a.status, 413, "{}", a.text());
+    assert_eq!(a.json()["error"]["type"], "request_too_large");
+    // Just under the bound passes.
+    let ok = json!({"model": "haiku", "messages": [{"role": "user", "content": "x".repeat(3000)}]});
+    let a = gw
+        .post("/v1/messages", &[("authorization", &token)], &ok)
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(p.total(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_header_identity_duplicate_header_and_stripping() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let snap = test_snapshot(&issuer.url, &p);
+    let gw = Gateway::start(
+        snap,
+        GatewayOptions {
+            settings: json!({"identity": {
+                "mode": "trusted_header",
+                "identityHeader": "X-Forwarded-User",
+                "groupsHeader": "x-forwarded-groups",
+                "trustedProxyCIDRs": ["127.0.0.0/8"],
+            }}),
+            ..GatewayOptions::default()
+        },
+    );
+    let a = gw
+        .post(
+            "/v1/messages",
+            &[
+                ("x-forwarded-user", "zed@acme.test"),
+                ("x-forwarded-groups", "eng, canary-group"),
+            ],
+            &msg("haiku"),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.a.seen().pop().expect("routed");
+    assert_eq!(
+        s.header("x-halo-ring"),
+        Some("canary"),
+        "groups from the trusted header"
+    );
+    assert_eq!(
+        s.header("x-forwarded-user"),
+        None,
+        "identity header stripped"
+    );
+    assert_eq!(
+        s.header("x-forwarded-groups"),
+        None,
+        "groups header stripped"
+    );
+
+    let a = gw
+        .post(
+            "/v1/messages",
+            &[
+                ("x-forwarded-user", "zed@acme.test"),
+                ("x-forwarded-user", "alice@acme.test"),
+            ],
+            &msg("haiku"),
+        )
+        .await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    let a = gw.post("/v1/messages", &[], &msg("haiku")).await;
+    assert_eq!(a.status, 401, "no identity from the proxy");
+    assert_eq!(p.total(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_mode_duplicate_credential_is_400_and_allow_anonymous_routes_ring_unknown() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let snap = test_snapshot(&issuer.url, &p);
+    let gw = Gateway::start(
+        snap,
+        GatewayOptions {
+            settings: json!({"identity": {"allowAnonymous": true}}),
+            ..GatewayOptions::default()
+        },
+    );
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    let a = gw
+        .post(
+            "/v1/messages",
+            &[("authorization", &token), ("authorization", &token)],
+            &msg("haiku"),
+        )
+        .await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    // A garbage token is downgraded to anonymous: default routing, ring unknown, no
+    // experiment even on an alias with a canary.
+    let a = gw
+        .post(
+            "/v1/messages",
+            &[("authorization", "Bearer garbage")],
+            &msg("sonnet"),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.a.seen().pop().expect("routed");
+    assert_eq!(s.header("x-halo-ring"), Some("unknown"));
+    assert_eq!(s.header("x-halo-experiment"), None);
+    assert_eq!(s.json()["model"], "claude-sonnet-4-5-20250929");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_issuer_no_cidrs_no_mode_is_503() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let mut snap = test_snapshot(&issuer.url, &p);
+    snap.identity = None;
+    let gw = Gateway::start(snap, GatewayOptions::default());
+    let a = gw.post("/v1/messages", &[], &msg("haiku")).await;
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert_eq!(a.json()["error"]["type"], "policy_unavailable");
+    assert_eq!(p.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_wire_with_x_goog_api_key_works_and_the_key_is_not_forwarded() {
+    let (issuer, p, gw) = setup().await;
+    let token = issuer.token("dave@acme.test", &[]);
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
+    let a = gw
+        .post(
+            "/v1beta/models/gemini-pro:generateContent",
+            &[("x-goog-api-key", &token)],
+            &body,
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.gemini.seen().pop().expect("routed to gemini");
+    assert_eq!(s.path, "/v1beta/models/gemini-2.5-pro:generateContent");
+    assert_eq!(s.header("x-goog-api-key"), None);
+    assert_eq!(s.header("x-halo-ring"), Some("general"));
+
+    // The token as ?key= works on the gemini wire too, and is removed from the query.
+    let path = format!("/v1beta/models/gemini-pro:streamGenerateContent?alt=sse&key={token}");
+    let a = gw.post(&path, &[], &body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.gemini.seen().pop().expect("routed to gemini");
+    assert_eq!(
+        s.path,
+        "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+    );
+
+    // x-goog-api-key is a token on the gemini wire only.
+    let a = gw
+        .post("/v1/messages", &[("x-goog-api-key", &token)], &msg("haiku"))
+        .await;
+    assert_eq!(a.status, 401);
+    assert_eq!(p.a.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_responses_wire_is_routed_with_the_model_rewritten() {
+    let (issuer, p, gw) = setup().await;
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    let a = gw
+        .post(
+            "/v1/responses",
+            &[("authorization", &token)],
+            &json!({"model": "gpt", "input": "hi"}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.openai.seen().pop().expect("routed to openai");
+    assert_eq!(s.json()["model"], "gpt-5-codex");
+    assert_eq!(s.json()["input"], "hi");
 }
