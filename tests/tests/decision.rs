@@ -28,27 +28,52 @@ async fn sticky_assignment_in_envoy_matches_halo_policy_for_200_users() {
         let user = format!("user{i}@acme.test");
         let session = format!("s-{}", i % 7);
         let token = bearer(&issuer.token(&user, &[]));
-        let headers = [("authorization", token.as_str()), ("x-claude-code-session-id", session.as_str())];
+        let headers = [
+            ("authorization", token.as_str()),
+            ("x-claude-code-session-id", session.as_str()),
+        ];
 
         // Weighted tier: the sticky pick by user + session.
         let a = gw.post("/v1/messages", &headers, &msg("weighted")).await;
         assert_eq!(a.status, 200, "{}", a.text());
-        let order = route::route_order(&targets, Some(&assign::sticky_key(&user, &session)), "weighted");
+        let order = route::route_order(
+            &targets,
+            Some(&assign::sticky_key(&user, &session)),
+            "weighted",
+        );
         let want = order[0].target;
-        assert_eq!(a.header("x-provider"), Some(want.upstream.as_str()), "{user} {session}");
+        assert_eq!(
+            a.header("x-provider"),
+            Some(want.upstream.as_str()),
+            "{user} {session}"
+        );
         assert_eq!(a.json()["model"], want.model.as_str(), "{user} {session}");
         per_upstream[usize::from(want.upstream == "prov-b")] += 1;
 
         // Canary: the variant and the route match decide().
         let a = gw.post("/v1/messages", &headers, &msg("sonnet")).await;
-        let d = decide::decide(&gw.snapshot, &Caller::Verified(Subject::new(user.clone(), &[])), "sonnet");
-        let attributed = d.experiment.as_ref().expect("every general user is in sonnet-canary");
+        let d = decide::decide(
+            &gw.snapshot,
+            &Caller::Verified(Subject::new(user.clone(), &[])),
+            "sonnet",
+        );
+        let attributed = d
+            .experiment
+            .as_ref()
+            .expect("every general user is in sonnet-canary");
         assert_eq!(attributed.experiment, "sonnet-canary");
-        assert_eq!(a.header("x-provider"), Some(d.targets[0].upstream.as_str()), "{user}");
+        assert_eq!(
+            a.header("x-provider"),
+            Some(d.targets[0].upstream.as_str()),
+            "{user}"
+        );
         assert_eq!(a.json()["model"], d.targets[0].model.as_str(), "{user}");
     }
     // Both targets of a 50/50 tier are used.
-    assert!(per_upstream[0] > 50 && per_upstream[1] > 50, "{per_upstream:?}");
+    assert!(
+        per_upstream[0] > 50 && per_upstream[1] > 50,
+        "{per_upstream:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,14 +81,24 @@ async fn a_traffic_toggle_applies_to_its_cohort_only() {
     let (issuer, p, gw) = setup().await;
     let ds = bearer(&issuer.token("dana@acme.test", &["ds"]));
     let other = bearer(&issuer.token("oscar@acme.test", &["eng"]));
-    let a = gw.post("/v1/messages", &[("authorization", &ds)], &msg("haiku")).await;
+    let a = gw
+        .post("/v1/messages", &[("authorization", &ds)], &msg("haiku"))
+        .await;
     assert_eq!(a.header("x-provider"), Some("prov-b"), "{}", a.text());
     assert_eq!(a.json()["model"], "haiku-b-model");
-    let a = gw.post("/v1/messages", &[("authorization", &other)], &msg("haiku")).await;
+    let a = gw
+        .post("/v1/messages", &[("authorization", &other)], &msg("haiku"))
+        .await;
     assert_eq!(a.header("x-provider"), Some("prov-a"));
     assert_eq!(a.json()["model"], "claude-haiku-4-5");
     // The toggle routes haiku only: the ds user's sonnet is untouched by it.
-    assert_eq!(p.b.seen().iter().filter(|s| s.json()["model"] == "haiku-b-model").count(), 1);
+    assert_eq!(
+        p.b.seen()
+            .iter()
+            .filter(|s| s.json()["model"] == "haiku-b-model")
+            .count(),
+        1
+    );
 }
 
 /// A user whose variant in `experiment` is `variant`.
@@ -82,7 +117,10 @@ fn user_with(snap: &halo_policy::Snapshot, wants: &[(&str, &str)]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_canaries_on_different_aliases_each_claim_only_their_own_alias() {
     let (issuer, p, gw) = setup().await;
-    let user = user_with(&gw.snapshot, &[("sonnet-canary", "canary"), ("opus-canary", "control")]);
+    let user = user_with(
+        &gw.snapshot,
+        &[("sonnet-canary", "canary"), ("opus-canary", "control")],
+    );
     let token = bearer(&issuer.token(&user, &[]));
     let auth = [("authorization", token.as_str())];
 
@@ -93,7 +131,11 @@ async fn two_canaries_on_different_aliases_each_claim_only_their_own_alias() {
     assert_eq!(s.header("x-halo-variant"), Some("canary"));
 
     let a = gw.post("/v1/messages", &auth, &msg("opus")).await;
-    assert_eq!(a.json()["model"], "claude-opus-4-1", "control arm of opus-canary");
+    assert_eq!(
+        a.json()["model"],
+        "claude-opus-4-1",
+        "control arm of opus-canary"
+    );
     let s = p.a.seen().pop().expect("control target");
     assert_eq!(s.header("x-halo-experiment"), Some("opus-canary"));
     assert_eq!(s.header("x-halo-variant"), Some("control"));
@@ -120,18 +162,30 @@ async fn sse_streams_incrementally() {
         .expect("stream request");
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(
-        resp.headers().get("content-type").and_then(|v| v.to_str().ok()),
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
         Some("text/event-stream")
     );
     // The provider holds the last event until released: the first must arrive alone.
     let mut first = String::new();
     while !first.contains("\n\n") {
-        let chunk = resp.chunk().await.expect("read").expect("first event before the end");
+        let chunk = resp
+            .chunk()
+            .await
+            .expect("read")
+            .expect("first event before the end");
         first.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(first.contains("message_start"), "{first}");
-    assert!(first.contains("claude-haiku-4-5"), "rewritten model upstream: {first}");
-    assert!(!first.contains("message_stop"), "the last event was not sent yet");
+    assert!(
+        first.contains("claude-haiku-4-5"),
+        "rewritten model upstream: {first}"
+    );
+    assert!(
+        !first.contains("message_stop"),
+        "the last event was not sent yet"
+    );
     p.a.release_stream();
     let mut rest = String::new();
     while let Some(chunk) = resp.chunk().await.expect("read rest") {
@@ -145,25 +199,44 @@ async fn prometheus_shows_the_filter_counters_with_ring_variant_and_status() {
     let (issuer, _p, gw) = setup().await;
     let token = bearer(&issuer.token("dave@acme.test", &[]));
     for _ in 0..3 {
-        let a = gw.post("/v1/messages", &[("authorization", &token)], &msg("haiku")).await;
+        let a = gw
+            .post("/v1/messages", &[("authorization", &token)], &msg("haiku"))
+            .await;
         assert_eq!(a.status, 200);
     }
     gw.post("/v1/messages", &[], &msg("haiku")).await;
-    gw.post("/v1/messages", &[("authorization", &token)], &msg("nope")).await;
-    let text = halo_testkit::wait_until("filter counters", std::time::Duration::from_secs(10), || {
-        let text = gw.envoy.prometheus();
-        text.contains("halo_requests{").then_some(text)
-    });
+    gw.post("/v1/messages", &[("authorization", &token)], &msg("nope"))
+        .await;
+    let text = halo_testkit::wait_until(
+        "filter counters",
+        std::time::Duration::from_secs(10),
+        || {
+            let text = gw.envoy.prometheus();
+            text.contains("halo_requests{").then_some(text)
+        },
+    );
     let line = |prefix: &str| {
         text.lines()
             .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no {prefix} in:\n{}", text.lines().filter(|l| l.contains("halo")).collect::<Vec<_>>().join("\n")))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {prefix} in:\n{}",
+                    text.lines()
+                        .filter(|l| l.contains("halo"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )
+            })
             .to_string()
     };
     let ok = line("halo_requests{halo_ring=\"general\",halo_variant=\"none\",halo_status=\"200\"}");
     assert!(ok.ends_with(" 3"), "{ok}");
-    let unauth = line("halo_requests{halo_ring=\"unknown\",halo_variant=\"none\",halo_status=\"401\"}");
+    let unauth =
+        line("halo_requests{halo_ring=\"unknown\",halo_variant=\"none\",halo_status=\"401\"}");
     assert!(unauth.ends_with(" 1"), "{unauth}");
     assert!(line("halo_auth_failures").ends_with(" 1"));
-    assert!(line("halo_decisions{halo_ring=\"general\",halo_variant=\"none\",halo_source=\"gateway\"}").ends_with(" 3"));
+    assert!(
+        line("halo_decisions{halo_ring=\"general\",halo_variant=\"none\",halo_source=\"gateway\"}")
+            .ends_with(" 3")
+    );
 }
