@@ -20,3 +20,6 @@ pub mod pipeline;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;
+
+#[cfg(test)]
+mod tests;
