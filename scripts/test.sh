@@ -5,5 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install.sh
-cargo build --locked -p halo-policy --target wasm32-unknown-unknown
+# The filter module, once per run (it pulls in halo-policy for wasm32 too); the e2e tests
+# load it from target/wasm32-unknown-unknown/release (halo_testkit::filter_wasm).
+cargo build --locked -p halo-filter --target wasm32-unknown-unknown --release
 cargo test --locked --workspace --all-features

@@ -5,6 +5,7 @@
 //! kill lists. Exit codes: 0 success, 1 an invalid policy or a failed operation,
 //! 2 a usage error.
 
+mod envoy;
 mod gateway;
 mod keys;
 mod policy_dir;
@@ -27,6 +28,7 @@ Examples:
   halo validate --policy-dir examples/acme-corp
   halo gateway compile --policy-dir examples/acme-corp -o policy.json
   halo gateway routes --user alice@acme.com --session s-42 --policy-dir examples/acme-corp
+  halo envoy bootstrap --policy-dir examples/acme-corp -o envoy.yaml
   halo keys generate --name killswitch --out-dir keys/
 
 Exit status: 0 success, 1 invalid policy or failed operation, 2 usage error.";
@@ -43,6 +45,11 @@ enum Command {
     Gateway {
         #[command(subcommand)]
         command: gateway::GatewayCommand,
+    },
+    /// Envoy configuration rendered from the policy.
+    Envoy {
+        #[command(subcommand)]
+        command: envoy::EnvoyCommand,
     },
     /// Key management.
     Keys {
@@ -71,6 +78,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Validate { policy_dir } => policy_dir::validate_command(&policy_dir),
         Command::Gateway { command } => gateway::run(command),
+        Command::Envoy { command } => envoy::run(command),
         Command::Keys { command } => keys::run(command),
     };
     match result {

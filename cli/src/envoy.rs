@@ -1,0 +1,193 @@
+//! `halo envoy bootstrap`: render the standalone Envoy bootstrap (static resources, no
+//! control plane) from a policy repo, so nobody hand-edits Envoy YAML. The rendering is
+//! halo-envoy-config's; this module reads files and flags and writes the result.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use halo_envoy_config::bootstrap::{Standalone, standalone_yaml};
+use halo_fsutil::write_atomic;
+use halo_policy::compile;
+use serde_json::{Map, Value, json};
+
+use crate::Failure;
+use crate::policy_dir::load_valid;
+
+#[derive(Debug, Subcommand)]
+pub enum EnvoyCommand {
+    /// Render envoy/standalone.yaml: listener -> jwt_authn -> the halo wasm filter ->
+    /// router, one cluster per upstream, the JWKS and kill-list clusters.
+    Bootstrap(BootstrapArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BootstrapArgs {
+    #[arg(long, value_name = "DIR", env = "HALO_POLICY_DIR")]
+    policy_dir: PathBuf,
+    /// Where Envoy finds halo_filter.wasm.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/etc/halos/halo_filter.wasm"
+    )]
+    wasm: String,
+    /// Listener address.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:8080")]
+    listen: String,
+    /// Admin address (stats, /ready, Prometheus). Keep it private.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9901")]
+    admin: String,
+    /// The identity provider's JWKS URL (default: <issuer>/.well-known/jwks.json).
+    #[arg(long, value_name = "URL")]
+    jwks_uri: Option<String>,
+    /// halo-server's kill list, e.g. https://halo-server/api/v1/gateway/killswitch.
+    /// Needs --killswitch-token-file and --killswitch-pubkey.
+    #[arg(long, value_name = "URL", requires_all = ["killswitch_token_file", "killswitch_pubkey"])]
+    killswitch_url: Option<String>,
+    /// File holding the gateway token for the kill list (written into the bootstrap,
+    /// which is then created mode 0600).
+    #[arg(long, value_name = "FILE", requires = "killswitch_url")]
+    killswitch_token_file: Option<PathBuf>,
+    /// The kill-switch public key (PEM).
+    #[arg(long, value_name = "FILE", requires = "killswitch_url")]
+    killswitch_pubkey: Option<PathBuf>,
+    /// Poll interval in seconds (default 10).
+    #[arg(long, value_name = "SECS")]
+    killswitch_interval: Option<u32>,
+    /// Allow a plain-http kill-list URL to an in-cluster service.
+    #[arg(long)]
+    killswitch_allow_insecure_in_cluster: bool,
+    /// Route callers whose token fails verification anonymously (ring unknown).
+    #[arg(long)]
+    allow_unverified: bool,
+    /// Keep the caller's Authorization, x-api-key, ... on the upstream request.
+    #[arg(long)]
+    forward_client_credentials: bool,
+    /// Largest model-call body in bytes (default 32 MiB); larger is 413.
+    #[arg(long, value_name = "BYTES")]
+    max_body_bytes: Option<u64>,
+    /// Output file (written atomically), or - for standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: PathBuf,
+}
+
+pub fn run(command: EnvoyCommand) -> Result<(), Failure> {
+    match command {
+        EnvoyCommand::Bootstrap(args) => bootstrap(&args),
+    }
+}
+
+fn split_addr(what: &str, text: &str) -> anyhow::Result<(String, u16)> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .with_context(|| format!("{what} {text:?}: expected ADDRESS:PORT"))?;
+    let port = port
+        .parse()
+        .with_context(|| format!("{what} {text:?}: the port is not a number"))?;
+    Ok((
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+    ))
+}
+
+fn read(path: &Path, what: &str) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading the {what} {}", path.display()))
+}
+
+fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
+    let org = load_valid(&args.policy_dir)?;
+    let snapshot = compile(&org);
+    let (listen_address, listen_port) = split_addr("--listen", &args.listen)?;
+    let (admin_address, admin_port) = split_addr("--admin", &args.admin)?;
+
+    let mut settings = Map::new();
+    let mut warnings = Vec::new();
+    if args.allow_unverified {
+        settings.insert("identity".into(), json!({"allowAnonymous": true}));
+        warnings.push("--allow-unverified: callers whose token fails verification are routed anonymously (ring unknown, no experiments)".to_string());
+    }
+    if args.forward_client_credentials {
+        settings.insert("forwardAuth".into(), json!(true));
+        warnings.push("--forward-client-credentials: the caller's Authorization and API-key headers reach the upstream".to_string());
+    }
+    if let Some(max) = args.max_body_bytes {
+        settings.insert("maxBodyBytes".into(), json!(max));
+    }
+    let mut secret = false;
+    if let Some(url) = &args.killswitch_url {
+        if url.starts_with("http://") && !args.killswitch_allow_insecure_in_cluster {
+            let host = url
+                .trim_start_matches("http://")
+                .split(['/', ':'])
+                .next()
+                .unwrap_or("");
+            if !matches!(host, "127.0.0.1" | "localhost" | "[::1]") {
+                return Err(Failure::Error(anyhow::anyhow!(
+                    "--killswitch-url {url:?} is plain http: use https, or add --killswitch-allow-insecure-in-cluster for an in-cluster service"
+                )));
+            }
+        }
+        let (Some(token_file), Some(pubkey_file)) =
+            (&args.killswitch_token_file, &args.killswitch_pubkey)
+        else {
+            return Err(Failure::Error(anyhow::anyhow!(
+                "--killswitch-url needs --killswitch-token-file and --killswitch-pubkey"
+            )));
+        };
+        let token = read(token_file, "kill-switch token file")?
+            .trim()
+            .to_string();
+        if token.is_empty() {
+            return Err(Failure::Error(anyhow::anyhow!(
+                "{} is empty",
+                token_file.display()
+            )));
+        }
+        let pem = read(pubkey_file, "kill-switch public key")?;
+        halo_policy::keys::public_key_from_pem(&pem)
+            .with_context(|| format!("{}", pubkey_file.display()))?;
+        let mut ks = json!({"token": token, "pubkey": pem, "allowInsecureInCluster": args.killswitch_allow_insecure_in_cluster});
+        if let Some(i) = args.killswitch_interval {
+            ks["intervalSeconds"] = json!(i);
+        }
+        settings.insert("killSwitch".into(), ks);
+        secret = true;
+    }
+    let opts = Standalone {
+        listen_address,
+        listen_port,
+        admin_address,
+        admin_port,
+        wasm_path: args.wasm.clone(),
+        jwks_uri: args.jwks_uri.clone(),
+        settings: Value::Object(settings),
+        killswitch_url: args.killswitch_url.clone(),
+    };
+    for w in &warnings {
+        eprintln!("halo: warning: {w}");
+    }
+    let source = args.policy_dir.display().to_string();
+    let yaml =
+        standalone_yaml(&snapshot, &opts, &source, &warnings).context("rendering the bootstrap")?;
+    if args.output == Path::new("-") {
+        if secret {
+            bail_secret()?;
+        }
+        print!("{yaml}");
+    } else {
+        // The gateway token is inside: owner-only.
+        let mode = if secret { 0o600 } else { 0o644 };
+        write_atomic(&args.output, yaml.as_bytes(), mode).context("writing the bootstrap")?;
+        eprintln!("rendered {} -> {}", source, args.output.display());
+    }
+    Ok(())
+}
+
+fn bail_secret() -> anyhow::Result<()> {
+    bail!(
+        "the bootstrap holds the kill-switch token: write it to a file with -o FILE (created mode 0600), not to standard output"
+    )
+}

@@ -1,0 +1,114 @@
+//! `halo envoy bootstrap` end to end: files in, a bootstrap out, bad flags refused.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn halo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_halo"))
+        .args(args)
+        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .env_remove("HALO_POLICY_DIR")
+        .output()
+        .expect("run halo")
+}
+
+fn pubkey_pem() -> String {
+    let key = ed25519_dalek::SigningKey::from_bytes(&[5; 32]);
+    halo_policy::keys::KeyPair::from_signing_key(&key)
+        .expect("pair")
+        .public_pem
+}
+
+#[test]
+fn renders_the_bootstrap_with_the_kill_list_owner_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    let pubkey = dir.path().join("kill.pub");
+    std::fs::write(&token, "gw-secret-token\n").expect("token");
+    std::fs::write(&pubkey, pubkey_pem()).expect("pem");
+    let out = dir.path().join("envoy.yaml");
+    let o = halo(&[
+        "envoy",
+        "bootstrap",
+        "--policy-dir",
+        "examples/acme-corp",
+        "--killswitch-url",
+        "https://halo-server.acme.internal/api/v1/gateway/killswitch",
+        "--killswitch-token-file",
+        token.to_str().expect("utf8"),
+        "--killswitch-pubkey",
+        pubkey.to_str().expect("utf8"),
+        "--listen",
+        "127.0.0.1:18080",
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let yaml = std::fs::read_to_string(&out).expect("written");
+    assert!(yaml.starts_with("# Envoy standalone bootstrap for Halos"));
+    assert!(yaml.contains("port_value: 18080"));
+    assert!(yaml.contains("halo-killswitch"));
+    assert!(
+        yaml.contains("gw-secret-token"),
+        "the token rides in the plugin configuration"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&out).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a file holding the token is owner-only");
+
+    // Never to stdout with a secret inside.
+    let o = halo(&[
+        "envoy",
+        "bootstrap",
+        "--policy-dir",
+        "examples/acme-corp",
+        "--killswitch-url",
+        "https://h/k",
+        "--killswitch-token-file",
+        token.to_str().expect("utf8"),
+        "--killswitch-pubkey",
+        pubkey.to_str().expect("utf8"),
+        "-o",
+        "-",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn plain_http_kill_list_needs_the_in_cluster_opt_in_and_opt_outs_warn() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    let pubkey = dir.path().join("kill.pub");
+    std::fs::write(&token, "t").expect("token");
+    std::fs::write(&pubkey, pubkey_pem()).expect("pem");
+    let out = dir.path().join("envoy.yaml");
+    let base = |extra: &[&str]| {
+        let mut a = vec![
+            "envoy",
+            "bootstrap",
+            "--policy-dir",
+            "examples/acme-corp",
+            "--killswitch-url",
+            "http://halo-server.halos:8080/api/v1/gateway/killswitch",
+            "--killswitch-token-file",
+            token.to_str().expect("utf8"),
+            "--killswitch-pubkey",
+            pubkey.to_str().expect("utf8"),
+            "-o",
+            out.to_str().expect("utf8"),
+        ];
+        a.extend_from_slice(extra);
+        halo(&a)
+    };
+    let o = base(&[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--killswitch-allow-insecure-in-cluster"));
+    let o = base(&[
+        "--killswitch-allow-insecure-in-cluster",
+        "--allow-unverified",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("warning"));
+    let yaml = std::fs::read_to_string(&out).expect("written");
+    assert!(yaml.contains("# WARNING: --allow-unverified"));
+}

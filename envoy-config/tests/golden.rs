@@ -1,0 +1,109 @@
+//! Golden test: envoy/standalone.yaml is exactly what the renderer makes of the acme-corp
+//! example with the documented flags. Regenerate with `UPDATE_GOLDEN=1 cargo test -p
+//! halo-envoy-config` (the same as `halo envoy bootstrap --policy-dir examples/acme-corp
+//! --killswitch-url https://halo-server.acme.internal/api/v1/gateway/killswitch
+//! --killswitch-token-file ... --killswitch-pubkey ...`, with placeholders).
+
+use std::path::PathBuf;
+
+use halo_envoy_config::bootstrap::{Standalone, standalone_yaml};
+use serde_json::json;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The options the committed file is rendered with (also `halo envoy bootstrap`'s defaults).
+pub fn golden_options() -> Standalone {
+    Standalone {
+        listen_address: "0.0.0.0".into(),
+        listen_port: 8080,
+        admin_address: "127.0.0.1".into(),
+        admin_port: 9901,
+        wasm_path: "/etc/halos/halo_filter.wasm".into(),
+        jwks_uri: Some("https://acme.okta.com/oauth2/aus9halos2acme7corp/v1/keys".into()),
+        settings: json!({"killSwitch": {
+            "token": "REPLACE-WITH-THE-GATEWAY-TOKEN",
+            "pubkey": "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAREPLACEWITHTHEKILLSWITCHPUBLICKEYPEM000000=\n-----END PUBLIC KEY-----\n",
+        }}),
+        killswitch_url: Some("https://halo-server.acme.internal/api/v1/gateway/killswitch".into()),
+    }
+}
+
+#[test]
+fn standalone_yaml_matches_the_renderer() {
+    let org =
+        halo_policy::load::load_dir(&root().join("examples/acme-corp")).expect("acme-corp loads");
+    let snap = halo_policy::compile(&org);
+    let yaml =
+        standalone_yaml(&snap, &golden_options(), "examples/acme-corp", &[]).expect("render");
+    let path = root().join("envoy/standalone.yaml");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &yaml).expect("write golden");
+    }
+    let committed = std::fs::read_to_string(&path).expect("envoy/standalone.yaml exists");
+    assert!(
+        committed == yaml,
+        "envoy/standalone.yaml is out of date: run UPDATE_GOLDEN=1 cargo test -p halo-envoy-config"
+    );
+}
+
+#[test]
+fn every_routed_upstream_has_a_cluster_and_jwt_authn_names_the_policy_identity() {
+    let org =
+        halo_policy::load::load_dir(&root().join("examples/acme-corp")).expect("acme-corp loads");
+    let snap = halo_policy::compile(&org);
+    let doc = halo_envoy_config::bootstrap::standalone(&snap, &golden_options()).expect("render");
+    let clusters: Vec<&str> = doc["static_resources"]["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    for name in snap.upstreams.keys() {
+        assert!(
+            clusters.contains(&format!("halo-upstream-{name}").as_str()),
+            "{name}: {clusters:?}"
+        );
+    }
+    assert!(clusters.contains(&"halo-killswitch") && clusters.contains(&"halo-jwks"));
+    let hcm =
+        &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    let filters = hcm["http_filters"].as_array().expect("filters");
+    let names: Vec<&str> = filters.iter().filter_map(|f| f["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.http.jwt_authn",
+            "envoy.filters.http.wasm",
+            "envoy.filters.http.router"
+        ]
+    );
+    let provider = &filters[0]["typed_config"]["providers"]["halo"];
+    assert_eq!(
+        provider["issuer"],
+        "https://acme.okta.com/oauth2/aus9halos2acme7corp"
+    );
+    assert_eq!(provider["audiences"], json!(["api://halos"]));
+    assert_eq!(provider["payload_in_metadata"], "halo_jwt");
+    let gemini = &filters[0]["typed_config"]["providers"]["halo_gemini"];
+    assert_eq!(gemini["from_params"], json!(["key"]));
+    assert_eq!(
+        hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster_header"],
+        "x-halo-route"
+    );
+    let wasm = &filters[1]["typed_config"]["config"];
+    assert_eq!(wasm["fail_open"], false);
+    assert_eq!(wasm["allow_on_headers_stop_iteration"], true);
+    let config: serde_json::Value =
+        serde_json::from_str(wasm["configuration"]["value"].as_str().expect("string"))
+            .expect("json");
+    assert_eq!(
+        config["settings"]["killSwitch"]["cluster"],
+        "halo-killswitch"
+    );
+    assert_eq!(config["snapshot"]["org"], "acme-corp");
+}
