@@ -158,6 +158,8 @@ impl Seen {
 
 struct ProviderState {
     name: String,
+    /// Keep what was received (off for benchmark sinks).
+    record: bool,
     seen: Mutex<Vec<Seen>>,
     /// Releases the rest of a gated SSE stream.
     release: Notify,
@@ -173,7 +175,17 @@ pub struct Provider {
 
 impl Provider {
     pub async fn start(name: &str) -> Provider {
+        Provider::start_with(name, true).await
+    }
+
+    /// A provider that answers without keeping requests (for load).
+    pub async fn sink(name: &str) -> Provider {
+        Provider::start_with(name, false).await
+    }
+
+    async fn start_with(name: &str, record: bool) -> Provider {
         let state = Arc::new(ProviderState {
+            record,
             name: name.to_string(),
             seen: Mutex::new(Vec::new()),
             release: Notify::new(),
@@ -211,6 +223,9 @@ async fn provider_handler(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if !state.record {
+        return ([("x-provider", state.name.clone())], "{\"type\":\"message\"}").into_response();
+    }
     let path = uri
         .path_and_query()
         .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string());

@@ -1,0 +1,175 @@
+//! The gateway benchmark (issue 3, item 11): requests/s and p50/p99 latency through Envoy
+//! with the halo filter (jwt_authn + wasm) against the same Envoy without them (listener ->
+//! router -> the same upstream), one Envoy worker, keep-alive, the same closed-loop load
+//! generator, at request bodies of 4 KB, 100 KB and 1 MB. Also times the body model
+//! probe and rewrite natively at 1 MB against a full serde_json parse.
+//!
+//! Run: `cargo bench -p halo-e2e --bench gateway` (after building the filter module:
+//! `cargo build -p halo-filter --target wasm32-unknown-unknown --release`).
+//! Knobs: HALO_BENCH_SECS (default 5), HALO_BENCH_CONNS (default 4).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use halo_e2e::*;
+use halo_testkit::envoy::Envoy;
+use serde_json::json;
+
+/// A conversation-shaped body of about `size` bytes: many short messages.
+fn body(size: usize) -> Vec<u8> {
+    let turn = json!({"role": "user", "content": "Refactor the parser so that it reports the line and column of every error it finds; keep the tests green."});
+    let turn_len = turn.to_string().len() + 1;
+    let n = (size.saturating_sub(80) / turn_len).max(1);
+    let messages: Vec<_> = (0..n).map(|_| turn.clone()).collect();
+    json!({"model": "haiku", "max_tokens": 16, "messages": messages})
+        .to_string()
+        .into_bytes()
+}
+
+struct Result {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+async fn load(url: String, auth: Option<String>, body: Vec<u8>, conns: usize, secs: u64) -> Result {
+    let body = Arc::new(body);
+    let run = |dur: Duration| {
+        let mut tasks = Vec::new();
+        for _ in 0..conns {
+            let url = url.clone();
+            let auth = auth.clone();
+            let body = body.clone();
+            tasks.push(tokio::spawn(async move {
+                // One keep-alive connection per task.
+                let client = reqwest::Client::builder()
+                    .pool_max_idle_per_host(1)
+                    .build()
+                    .expect("client");
+                let mut lat = Vec::new();
+                let end = Instant::now() + dur;
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    let mut req = client.post(&url).body(body.as_ref().clone());
+                    if let Some(a) = &auth {
+                        req = req.header("authorization", a);
+                    }
+                    let resp = req.send().await.expect("send");
+                    assert_eq!(resp.status().as_u16(), 200, "bench request failed");
+                    let _ = resp.bytes().await.expect("body");
+                    lat.push(t.elapsed());
+                }
+                lat
+            }));
+        }
+        tasks
+    };
+    // Warm-up (connections, JWKS fetch, V8 tiering).
+    for t in run(Duration::from_secs(1)) {
+        t.await.expect("warmup");
+    }
+    let start = Instant::now();
+    let mut all = Vec::new();
+    for t in run(Duration::from_secs(secs)) {
+        all.extend(t.await.expect("load task"));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort();
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)].as_secs_f64() * 1e6;
+    Result {
+        rps: all.len() as f64 / elapsed,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    }
+}
+
+fn bare_bootstrap(port: u16, admin: u16, upstream: &str) -> String {
+    let ep = halo_envoy_config::bootstrap::endpoint("upstream", upstream).expect("url");
+    let doc = json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "bare",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "per_connection_buffer_limit_bytes": 33 * 1024 * 1024,
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "bare",
+                        "route_config": {"virtual_hosts": [{"name": "b", "domains": ["*"], "routes": [
+                            {"match": {"prefix": "/"}, "route": {"cluster": "halo-upstream-prov-a", "timeout": "0s"}}]}]},
+                        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+                    },
+                }]}],
+            }],
+            "clusters": [halo_envoy_config::bootstrap::cluster("halo-upstream-prov-a", &ep)],
+        },
+    });
+    halo_envoy_config::yaml::to_yaml(&doc)
+}
+
+fn micro_rewrite() {
+    let b = body(1024 * 1024);
+    let snap_doc = json!({"schema": 1, "org": "b",
+        "protocols": {"claude-code": "anthropic-messages", "codex": "openai-responses", "gemini-cli": "gemini"},
+        "upstreams": {"a": {"url": "http://x", "kind": "anthropic"}},
+        "models": {"haiku": [{"upstream": "a", "model": "claude-haiku-4-5"}]},
+        "rings": [], "experiments": [], "toggles": []});
+    let snap = halo_policy::Snapshot::from_bytes(snap_doc.to_string().as_bytes()).expect("snap");
+    let iters = 50;
+    let time = |f: &dyn Fn()| {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        t.elapsed().as_secs_f64() * 1e6 / f64::from(iters)
+    };
+    let admit = time(&|| {
+        let _ = std::hint::black_box(halo_policy::admit::admit(&snap, "POST", "/v1/messages", &b));
+    });
+    let rewrite = time(&|| {
+        let _ = std::hint::black_box(halo_policy::admit::rewrite_body_model(&b, "claude-haiku-4-5"));
+    });
+    let full = time(&|| {
+        let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+        let _ = std::hint::black_box(serde_json::to_vec(&v));
+    });
+    println!("\nBody model handling at {} bytes, native (per request, mean of {iters}):", b.len());
+    println!("  admit (probe model + stream, no tree built)   {admit:>9.0} us");
+    println!("  rewrite_body_model (probe + splice)           {rewrite:>9.0} us");
+    println!("  full serde_json::Value parse + re-serialise   {full:>9.0} us");
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let secs: u64 = std::env::var("HALO_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let conns: usize = std::env::var("HALO_BENCH_CONNS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let issuer = Issuer::start().await;
+    let providers = Providers::start().await;
+    let sink = Provider::sink("prov-a").await;
+    let mut snap = test_snapshot(&issuer.url, &providers);
+    if let Some(u) = snap.upstreams.get_mut("prov-a") {
+        u.url = sink.url.clone();
+    }
+    let gw = Gateway::start(snap, GatewayOptions::default());
+    let bare_port = halo_testkit::free_port();
+    let bare_admin = halo_testkit::free_port();
+    let bare = tokio::task::block_in_place(|| Envoy::start(&bare_bootstrap(bare_port, bare_admin, &sink.url), bare_admin));
+    let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
+
+    println!("Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop");
+    println!("{:>8}  {:>10} {:>9} {:>9}  {:>10} {:>9} {:>9}  {:>7} {:>10} {:>10}",
+        "body", "bare rps", "p50 us", "p99 us", "halo rps", "p50 us", "p99 us", "rps x", "+p50 us", "+p99 us");
+    for (label, size) in [("4 KB", 4 * 1024), ("100 KB", 100 * 1024), ("1 MB", 1024 * 1024)] {
+        let b = body(size);
+        let bare_r = load(format!("http://127.0.0.1:{bare_port}/v1/messages"), None, b.clone(), conns, secs).await;
+        let halo_r = load(format!("{}/v1/messages", gw.base), Some(token.clone()), b, conns, secs).await;
+        println!("{:>8}  {:>10.0} {:>9.0} {:>9.0}  {:>10.0} {:>9.0} {:>9.0}  {:>7.2} {:>10.0} {:>10.0}",
+            label, bare_r.rps, bare_r.p50_us, bare_r.p99_us, halo_r.rps, halo_r.p50_us, halo_r.p99_us,
+            halo_r.rps / bare_r.rps, halo_r.p50_us - bare_r.p50_us, halo_r.p99_us - bare_r.p99_us);
+    }
+    micro_rewrite();
+    drop(bare);
+}
