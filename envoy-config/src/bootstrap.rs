@@ -176,6 +176,8 @@ pub fn jwt_authn(snap: &Snapshot, jwks_uri: &str) -> Option<Value> {
             "payload_in_metadata": names::JWT_PAYLOAD_KEY,
             // The filter strips credentials itself (unless forwardAuth).
             "forward": true,
+            // A coding tool sends the same token for an hour: verify its signature once.
+            "jwt_cache_config": {"jwt_cache_size": 1000},
         });
         if let Some(aud) = identity.effective_audience() {
             p["audiences"] = json!([aud]);

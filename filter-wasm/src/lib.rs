@@ -17,6 +17,7 @@ pub mod hygiene;
 pub mod killstate;
 pub mod metrics;
 pub mod pipeline;
+pub mod splice;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;

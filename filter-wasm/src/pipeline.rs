@@ -300,7 +300,7 @@ pub fn on_body(
     let mut path = pending.path.clone();
     match call.model_in {
         ModelLocation::Body => {
-            let rewritten = admit::rewrite_body_model(body, &target.model)
+            let rewritten = crate::splice::rewrite_model(body, &target.model)
                 .map_err(|e| Reply::error(400, "invalid_request_error", e.to_string()))?;
             new_body = Some(rewritten);
         }

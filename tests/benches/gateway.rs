@@ -75,7 +75,8 @@ async fn load(url: String, auth: Option<String>, body: Vec<u8>, conns: usize, se
     }
     let elapsed = start.elapsed().as_secs_f64();
     all.sort();
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)].as_secs_f64() * 1e6;
+    let pct =
+        |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)].as_secs_f64() * 1e6;
     Result {
         rps: all.len() as f64 / elapsed,
         p50_us: pct(0.50),
@@ -130,22 +131,38 @@ fn micro_rewrite() {
         let _ = std::hint::black_box(halo_policy::admit::admit(&snap, "POST", "/v1/messages", &b));
     });
     let rewrite = time(&|| {
-        let _ = std::hint::black_box(halo_policy::admit::rewrite_body_model(&b, "claude-haiku-4-5"));
+        let _ = std::hint::black_box(halo_policy::admit::rewrite_body_model(
+            &b,
+            "claude-haiku-4-5",
+        ));
+    });
+    let splice = time(&|| {
+        let _ = std::hint::black_box(halo_filter::splice::rewrite_model(&b, "claude-haiku-4-5"));
     });
     let full = time(&|| {
         let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
         let _ = std::hint::black_box(serde_json::to_vec(&v));
     });
-    println!("\nBody model handling at {} bytes, native (per request, mean of {iters}):", b.len());
+    println!(
+        "\nBody model handling at {} bytes, native (per request, mean of {iters}):",
+        b.len()
+    );
     println!("  admit (probe model + stream, no tree built)   {admit:>9.0} us");
     println!("  rewrite_body_model (probe + splice)           {rewrite:>9.0} us");
+    println!("  filter splice (structural walk, after admit)  {splice:>9.0} us");
     println!("  full serde_json::Value parse + re-serialise   {full:>9.0} us");
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let secs: u64 = std::env::var("HALO_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
-    let conns: usize = std::env::var("HALO_BENCH_CONNS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let secs: u64 = std::env::var("HALO_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let conns: usize = std::env::var("HALO_BENCH_CONNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
     let issuer = Issuer::start().await;
     let providers = Providers::start().await;
     let sink = Provider::sink("prov-a").await;
@@ -153,22 +170,76 @@ async fn main() {
     if let Some(u) = snap.upstreams.get_mut("prov-a") {
         u.url = sink.url.clone();
     }
-    let gw = Gateway::start(snap, GatewayOptions::default());
+    // HALO_BENCH_NO_JWT=1: the wasm filter alone (identity mode none, no jwt_authn), to
+    // split the added cost between JWT verification and the filter.
+    let no_jwt = std::env::var_os("HALO_BENCH_NO_JWT").is_some();
+    let mut opts = GatewayOptions::default();
+    if no_jwt {
+        snap.identity = None;
+        opts.settings = json!({"identity": {"mode": "none"}});
+    }
+    let gw = Gateway::start(snap, opts);
     let bare_port = halo_testkit::free_port();
     let bare_admin = halo_testkit::free_port();
-    let bare = tokio::task::block_in_place(|| Envoy::start(&bare_bootstrap(bare_port, bare_admin, &sink.url), bare_admin));
+    let bare = tokio::task::block_in_place(|| {
+        Envoy::start(
+            &bare_bootstrap(bare_port, bare_admin, &sink.url),
+            bare_admin,
+        )
+    });
     let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
 
-    println!("Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop");
-    println!("{:>8}  {:>10} {:>9} {:>9}  {:>10} {:>9} {:>9}  {:>7} {:>10} {:>10}",
-        "body", "bare rps", "p50 us", "p99 us", "halo rps", "p50 us", "p99 us", "rps x", "+p50 us", "+p99 us");
-    for (label, size) in [("4 KB", 4 * 1024), ("100 KB", 100 * 1024), ("1 MB", 1024 * 1024)] {
+    println!(
+        "Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop"
+    );
+    println!(
+        "{:>8}  {:>10} {:>9} {:>9}  {:>10} {:>9} {:>9}  {:>7} {:>10} {:>10}",
+        "body",
+        "bare rps",
+        "p50 us",
+        "p99 us",
+        "halo rps",
+        "p50 us",
+        "p99 us",
+        "rps x",
+        "+p50 us",
+        "+p99 us"
+    );
+    for (label, size) in [
+        ("4 KB", 4 * 1024),
+        ("100 KB", 100 * 1024),
+        ("1 MB", 1024 * 1024),
+    ] {
         let b = body(size);
-        let bare_r = load(format!("http://127.0.0.1:{bare_port}/v1/messages"), None, b.clone(), conns, secs).await;
-        let halo_r = load(format!("{}/v1/messages", gw.base), Some(token.clone()), b, conns, secs).await;
-        println!("{:>8}  {:>10.0} {:>9.0} {:>9.0}  {:>10.0} {:>9.0} {:>9.0}  {:>7.2} {:>10.0} {:>10.0}",
-            label, bare_r.rps, bare_r.p50_us, bare_r.p99_us, halo_r.rps, halo_r.p50_us, halo_r.p99_us,
-            halo_r.rps / bare_r.rps, halo_r.p50_us - bare_r.p50_us, halo_r.p99_us - bare_r.p99_us);
+        let bare_r = load(
+            format!("http://127.0.0.1:{bare_port}/v1/messages"),
+            None,
+            b.clone(),
+            conns,
+            secs,
+        )
+        .await;
+        let halo_r = load(
+            format!("{}/v1/messages", gw.base),
+            Some(token.clone()),
+            b,
+            conns,
+            secs,
+        )
+        .await;
+        println!(
+            "{:>8}  {:>10.0} {:>9.0} {:>9.0}  {:>10.0} {:>9.0} {:>9.0}  {:>7.2} {:>10.0} {:>10.0}",
+            label,
+            bare_r.rps,
+            bare_r.p50_us,
+            bare_r.p99_us,
+            halo_r.rps,
+            halo_r.p50_us,
+            halo_r.p99_us,
+            halo_r.rps / bare_r.rps,
+            halo_r.p50_us - bare_r.p50_us,
+            halo_r.p99_us - bare_r.p99_us
+        );
     }
     micro_rewrite();
     drop(bare);

@@ -224,7 +224,11 @@ async fn provider_handler(
     body: Bytes,
 ) -> Response {
     if !state.record {
-        return ([("x-provider", state.name.clone())], "{\"type\":\"message\"}").into_response();
+        return (
+            [("x-provider", state.name.clone())],
+            "{\"type\":\"message\"}",
+        )
+            .into_response();
     }
     let path = uri
         .path_and_query()
