@@ -21,8 +21,14 @@ pub fn top_level_model(body: &[u8]) -> Option<(usize, usize)> {
             b'"' => {
                 let start = i;
                 i += 1;
-                while i < body.len() && body[i] != b'"' {
-                    i += if body[i] == b'\\' { 2 } else { 1 };
+                // Jump to the next quote or backslash (word-at-a-time, SIMD natively).
+                loop {
+                    let off = memchr::memchr2(b'"', b'\\', body.get(i..)?)?;
+                    i += off;
+                    if body[i] == b'"' {
+                        break;
+                    }
+                    i += 2;
                 }
                 let end = i + 1;
                 if depth == 1 {
