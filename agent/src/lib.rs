@@ -1,9 +1,11 @@
 //! halod: the device agent. It pulls the ring's signed release from the OCI registry and
 //! writes the harness settings it carries, safely.
 //!
+//! - [`config`]: halod.yaml, strict, with the spec's defaults.
 //! - [`target`]: checkTarget, the rules a path must pass before halod writes it.
 //! - [`install`]: write what changed (atomically), flag drift, remove stale files, refuse
 //!   what fails checkTarget and still apply the rest.
 
+pub mod config;
 pub mod install;
 pub mod target;
