@@ -2,10 +2,12 @@
 //! writes the harness settings it carries, safely.
 //!
 //! - [`config`]: halod.yaml, strict, with the spec's defaults.
+//! - [`state`]: state.json, the single writer's record of what was applied.
 //! - [`target`]: checkTarget, the rules a path must pass before halod writes it.
 //! - [`install`]: write what changed (atomically), flag drift, remove stale files, refuse
 //!   what fails checkTarget and still apply the rest.
 
 pub mod config;
 pub mod install;
+pub mod state;
 pub mod target;
