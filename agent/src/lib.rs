@@ -2,6 +2,7 @@
 //! writes the harness settings it carries, safely.
 //!
 //! - [`config`]: halod.yaml, strict, with the spec's defaults.
+//! - [`kill`]: PollKill, what a newly accepted kill list asks of this device.
 //! - [`state`]: state.json, the single writer's record of what was applied.
 //! - [`target`]: checkTarget, the rules a path must pass before halod writes it.
 //! - [`install`]: write what changed (atomically), flag drift, remove stale files, refuse
@@ -9,5 +10,6 @@
 
 pub mod config;
 pub mod install;
+pub mod kill;
 pub mod state;
 pub mod target;
