@@ -8,6 +8,7 @@
 mod gateway;
 mod keys;
 mod policy_dir;
+mod release;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ Examples:
   halo gateway compile --policy-dir examples/acme-corp -o policy.json
   halo gateway routes --user alice@acme.com --session s-42 --policy-dir examples/acme-corp
   halo keys generate --name killswitch --out-dir keys/
+  halo release publish --policy-dir examples/acme-corp --ring canary --release-version 1.0.0 \
+      --key keys/release.key --registry 127.0.0.1:5000/acme/halos
 
 Exit status: 0 success, 1 invalid policy or failed operation, 2 usage error.";
 
@@ -48,6 +51,11 @@ enum Command {
     Keys {
         #[command(subcommand)]
         command: keys::KeysCommand,
+    },
+    /// Signed releases of harness settings: build, publish, promote, verify.
+    Release {
+        #[command(subcommand)]
+        command: release::ReleaseCommand,
     },
 }
 
@@ -72,6 +80,7 @@ fn main() -> ExitCode {
         Command::Validate { policy_dir } => policy_dir::validate_command(&policy_dir),
         Command::Gateway { command } => gateway::run(command),
         Command::Keys { command } => keys::run(command),
+        Command::Release { command } => release::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -220,9 +220,6 @@ mod tests {
             resolve(&o, "a"),
             Err(ResolveError::Cycle("a -> b -> a".into()))
         );
-        assert_eq!(
-            resolve(&o, "zzz"),
-            Err(ResolveError::Missing("zzz".into()))
-        );
+        assert_eq!(resolve(&o, "zzz"), Err(ResolveError::Missing("zzz".into())));
     }
 }

@@ -172,7 +172,14 @@ pub fn build_ring(org: &Org, ring_name: &str) -> Result<RingBuild, BuildError> {
                     )),
                 ),
             };
-            let mut release = build_one(org, ring_name, profile, Some(channel.clone()), Vec::new(), toggles.clone())?;
+            let mut release = build_one(
+                org,
+                ring_name,
+                profile,
+                Some(channel.clone()),
+                Vec::new(),
+                toggles.clone(),
+            )?;
             if let Some(w) = extra {
                 release.manifest.warnings.push(w);
                 release = repack(release)?;

@@ -15,7 +15,9 @@ use crate::adapters::RenderedFile;
 /// Why a rendered file was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CheckError {
-    #[error("{harness} ({os}) {file}: field {field} contains the permission-bypass token `{token}`")]
+    #[error(
+        "{harness} ({os}) {file}: field {field} contains the permission-bypass token `{token}`"
+    )]
     BypassField {
         harness: &'static str,
         os: &'static str,
@@ -173,16 +175,24 @@ mod tests {
 
     #[test]
     fn scans_raw_bytes_of_other_files_and_refuses_malformed() {
-        let err = check_rendered(&file("/etc/profile.d/x.sh", "alias g='gemini --yolo'\n"))
-            .unwrap_err();
-        assert!(matches!(err, CheckError::BypassBytes { token: "--yolo", .. }));
-        let err = check_rendered(&file("/etc/claude-code/managed-settings.json", "{nope"))
-            .unwrap_err();
+        let err =
+            check_rendered(&file("/etc/profile.d/x.sh", "alias g='gemini --yolo'\n")).unwrap_err();
+        assert!(matches!(
+            err,
+            CheckError::BypassBytes {
+                token: "--yolo",
+                ..
+            }
+        ));
+        let err =
+            check_rendered(&file("/etc/claude-code/managed-settings.json", "{nope")).unwrap_err();
         assert!(matches!(err, CheckError::Malformed { format: "JSON", .. }));
-        assert!(check_rendered(&file(
-            "/etc/claude-code/managed-settings.json",
-            r#"{"disableBypassPermissionsMode": "disable"}"#
-        ))
-        .is_ok());
+        assert!(
+            check_rendered(&file(
+                "/etc/claude-code/managed-settings.json",
+                r#"{"disableBypassPermissionsMode": "disable"}"#
+            ))
+            .is_ok()
+        );
     }
 }

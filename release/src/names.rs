@@ -26,7 +26,9 @@ impl std::fmt::Display for Channel {
 }
 
 fn suffix(channel: Option<&Channel>) -> String {
-    channel.map_or(String::new(), |c| format!("_{}_{}", c.experiment, c.variant))
+    channel.map_or(String::new(), |c| {
+        format!("_{}_{}", c.experiment, c.variant)
+    })
 }
 
 /// Whether `v` may be a release version: `[0-9A-Za-z][0-9A-Za-z.-]*`, at most 32 chars.
@@ -35,15 +37,20 @@ pub fn is_version(v: &str) -> bool {
     !b.is_empty()
         && b.len() <= 32
         && b[0].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'.' || *c == b'-')
 }
 
 /// Why a tag cannot be formed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TagError {
-    #[error("release version {0:?} is not valid: use [0-9A-Za-z.-], starting with a letter or digit, at most 32 characters")]
+    #[error(
+        "release version {0:?} is not valid: use [0-9A-Za-z.-], starting with a letter or digit, at most 32 characters"
+    )]
     Version(String),
-    #[error("tag {0:?} is longer than {MAX_TAG_LEN} characters: shorten the ring, experiment or variant names")]
+    #[error(
+        "tag {0:?} is longer than {MAX_TAG_LEN} characters: shorten the ring, experiment or variant names"
+    )]
     TooLong(String),
 }
 
@@ -56,7 +63,11 @@ fn checked(tag: String) -> Result<String, TagError> {
 }
 
 /// The tag of a ring or channel release.
-pub fn release_tag(version: &str, ring: &str, channel: Option<&Channel>) -> Result<String, TagError> {
+pub fn release_tag(
+    version: &str,
+    ring: &str,
+    channel: Option<&Channel>,
+) -> Result<String, TagError> {
     if !is_version(version) {
         return Err(TagError::Version(version.to_string()));
     }
@@ -83,10 +94,19 @@ mod tests {
             experiment: "exp".into(),
             variant: "b".into(),
         };
-        assert_eq!(release_tag("1.2.0", "canary", None).unwrap(), "v1.2.0_canary");
-        assert_eq!(release_tag("1.2.0", "canary", Some(&c)).unwrap(), "v1.2.0_canary_exp_b");
+        assert_eq!(
+            release_tag("1.2.0", "canary", None).unwrap(),
+            "v1.2.0_canary"
+        );
+        assert_eq!(
+            release_tag("1.2.0", "canary", Some(&c)).unwrap(),
+            "v1.2.0_canary_exp_b"
+        );
         assert_eq!(pointer_tag("canary", None).unwrap(), "ring-canary.pointer");
-        assert_eq!(pointer_tag("canary", Some(&c)).unwrap(), "ring-canary_exp_b.pointer");
+        assert_eq!(
+            pointer_tag("canary", Some(&c)).unwrap(),
+            "ring-canary_exp_b.pointer"
+        );
         assert_eq!(info_tag("canary", None).unwrap(), "ring-canary");
         assert!(release_tag("1_0", "canary", None).is_err());
         assert!(release_tag("", "canary", None).is_err());
@@ -95,6 +115,9 @@ mod tests {
             experiment: long.clone(),
             variant: long,
         };
-        assert!(matches!(pointer_tag("r", Some(&c)), Err(TagError::TooLong(_))));
+        assert!(matches!(
+            pointer_tag("r", Some(&c)),
+            Err(TagError::TooLong(_))
+        ));
     }
 }

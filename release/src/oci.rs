@@ -38,7 +38,9 @@ use time::OffsetDateTime;
 use crate::build::{Release, ReleaseManifest, RingBuild};
 use crate::names::{Channel, TagError, info_tag, pointer_tag, release_tag};
 use crate::pack::{self, PackError, digest};
-use crate::pointer::{Applied, MAX_POINTER_BYTES, Pointer, PointerError, check_pointer, new_pointer, next_seq};
+use crate::pointer::{
+    Applied, MAX_POINTER_BYTES, Pointer, PointerError, check_pointer, new_pointer, next_seq,
+};
 use crate::sign::{Signer, pointer_statement, release_statement, verify_any};
 
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -58,7 +60,9 @@ const MAX_MANIFEST_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
-    #[error("registry address {0:?} is not HOST[:PORT]/REPOSITORY (for example 127.0.0.1:5000/acme/halos)")]
+    #[error(
+        "registry address {0:?} is not HOST[:PORT]/REPOSITORY (for example 127.0.0.1:5000/acme/halos)"
+    )]
     Address(String),
     #[error("cannot reach registry {registry}: {message}")]
     Unreachable { registry: String, message: String },
@@ -159,7 +163,11 @@ pub struct PreparedRelease {
 }
 
 /// Sign `release` and build its OCI manifest. No I/O.
-pub fn prepare_release(release: &Release, version: &str, signer: &Signer) -> Result<PreparedRelease, OciError> {
+pub fn prepare_release(
+    release: &Release,
+    version: &str,
+    signer: &Signer,
+) -> Result<PreparedRelease, OciError> {
     let m = &release.manifest;
     let tag = release_tag(version, &m.ring, m.channel.as_ref())?;
     let config = serde_json::to_vec(&ReleaseConfig {
@@ -171,7 +179,10 @@ pub fn prepare_release(release: &Release, version: &str, signer: &Signer) -> Res
     })
     .unwrap_or_default();
     let mut annotations = BTreeMap::new();
-    annotations.insert(ANN_SIGNATURE.to_string(), signer.sign(&release_statement(&release.digest)));
+    annotations.insert(
+        ANN_SIGNATURE.to_string(),
+        signer.sign(&release_statement(&release.digest)),
+    );
     annotations.insert(ANN_KEYID.to_string(), signer.key_id());
     annotations.insert(ANN_VERSION.to_string(), version.to_string());
     let manifest = ImageManifest {
@@ -210,7 +221,10 @@ pub fn prepare_pointer(pointer: Pointer, signer: &Signer) -> Result<PreparedPoin
     let tag = pointer_tag(&pointer.ring, pointer.channel.as_ref())?;
     let payload = pointer.to_bytes();
     let mut annotations = BTreeMap::new();
-    annotations.insert(ANN_SIGNATURE.to_string(), signer.sign(&pointer_statement(&payload)));
+    annotations.insert(
+        ANN_SIGNATURE.to_string(),
+        signer.sign(&pointer_statement(&payload)),
+    );
     annotations.insert(ANN_KEYID.to_string(), signer.key_id());
     let manifest = ImageManifest {
         schema_version: 2,
@@ -253,7 +267,8 @@ pub fn is_loopback(registry: &str) -> bool {
     } else {
         registry.rsplit_once(':').map_or(registry, |(h, _)| h)
     };
-    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Registry credentials: `HALO_REGISTRY_USERNAME` and `HALO_REGISTRY_PASSWORD`, else
@@ -295,7 +310,9 @@ pub fn docker_config_auth(text: &str, registry: &str) -> Option<RegistryAuth> {
         (host == registry).then_some(value)
     })?;
     if let Some(auth) = entry.get("auth").and_then(|a| a.as_str()) {
-        let decoded = base64::engine::general_purpose::STANDARD.decode(auth.trim()).ok()?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(auth.trim())
+            .ok()?;
         let decoded = String::from_utf8(decoded).ok()?;
         let (user, pass) = decoded.split_once(':')?;
         return Some(RegistryAuth::Basic(user.to_string(), pass.to_string()));
@@ -375,9 +392,17 @@ impl Registry {
 
     fn reference(&self, tag_or_digest: &str) -> Reference {
         if tag_or_digest.starts_with("sha256:") {
-            Reference::with_digest(self.registry.clone(), self.repository.clone(), tag_or_digest.to_string())
+            Reference::with_digest(
+                self.registry.clone(),
+                self.repository.clone(),
+                tag_or_digest.to_string(),
+            )
         } else {
-            Reference::with_tag(self.registry.clone(), self.repository.clone(), tag_or_digest.to_string())
+            Reference::with_tag(
+                self.registry.clone(),
+                self.repository.clone(),
+                tag_or_digest.to_string(),
+            )
         }
     }
 
@@ -404,7 +429,10 @@ impl Registry {
     }
 
     /// The manifest at a tag or digest, with its digest; `None` if there is none.
-    pub async fn get_manifest(&self, tag_or_digest: &str) -> Result<Option<(Vec<u8>, String)>, OciError> {
+    pub async fn get_manifest(
+        &self,
+        tag_or_digest: &str,
+    ) -> Result<Option<(Vec<u8>, String)>, OciError> {
         let reference = self.reference(tag_or_digest);
         match self
             .client
@@ -413,12 +441,16 @@ impl Registry {
         {
             Ok((bytes, _)) => {
                 if bytes.len() > MAX_MANIFEST_BYTES {
-                    return Err(verify_err(format!("manifest {tag_or_digest} is larger than {MAX_MANIFEST_BYTES} bytes")));
+                    return Err(verify_err(format!(
+                        "manifest {tag_or_digest} is larger than {MAX_MANIFEST_BYTES} bytes"
+                    )));
                 }
                 // The digest is computed here, not taken from the registry's header.
                 let d = digest(&bytes);
                 if tag_or_digest.starts_with("sha256:") && d != tag_or_digest {
-                    return Err(verify_err(format!("manifest fetched by digest {tag_or_digest} hashes to {d}")));
+                    return Err(verify_err(format!(
+                        "manifest fetched by digest {tag_or_digest} hashes to {d}"
+                    )));
                 }
                 Ok(Some((bytes.to_vec(), d)))
             }
@@ -428,13 +460,23 @@ impl Registry {
     }
 
     /// Push `data` as a blob unless the registry has it. Returns whether it was pushed.
-    pub async fn push_blob_if_missing(&self, data: &[u8], blob_digest: &str) -> Result<bool, OciError> {
+    pub async fn push_blob_if_missing(
+        &self,
+        data: &[u8],
+        blob_digest: &str,
+    ) -> Result<bool, OciError> {
         let reference = self.reference("latest");
         let exists = self
             .client
             .blob_exists(&reference, blob_digest)
             .await
-            .or_else(|e| if is_not_found(&e) { Ok(false) } else { Err(self.map(e)) })?;
+            .or_else(|e| {
+                if is_not_found(&e) {
+                    Ok(false)
+                } else {
+                    Err(self.map(e))
+                }
+            })?;
         if exists {
             return Ok(false);
         }
@@ -446,10 +488,20 @@ impl Registry {
     }
 
     /// Push manifest bytes under a tag (or by digest).
-    pub async fn push_manifest(&self, tag_or_digest: &str, manifest: &[u8]) -> Result<(), OciError> {
+    pub async fn push_manifest(
+        &self,
+        tag_or_digest: &str,
+        manifest: &[u8],
+    ) -> Result<(), OciError> {
         let reference = self.reference(tag_or_digest);
         self.client
-            .push_manifest_raw(&reference, manifest.to_vec(), MANIFEST_MEDIA_TYPE.parse().map_err(|_| verify_err("media type"))?)
+            .push_manifest_raw(
+                &reference,
+                manifest.to_vec(),
+                MANIFEST_MEDIA_TYPE
+                    .parse()
+                    .map_err(|_| verify_err("media type"))?,
+            )
             .await
             .map_err(|e| self.map(e))?;
         Ok(())
@@ -458,10 +510,16 @@ impl Registry {
     /// Download a blob, at most `cap` bytes; the digest is checked while reading.
     pub async fn pull_blob(&self, desc: &Descriptor, cap: u64) -> Result<Vec<u8>, OciError> {
         if desc.size > cap {
-            return Err(verify_err(format!("blob {} declares {} bytes, over the {cap}-byte cap", desc.digest, desc.size)));
+            return Err(verify_err(format!(
+                "blob {} declares {} bytes, over the {cap}-byte cap",
+                desc.digest, desc.size
+            )));
         }
         let reference = self.reference("latest");
-        let mut out = CappedVec { buf: Vec::new(), cap };
+        let mut out = CappedVec {
+            buf: Vec::new(),
+            cap,
+        };
         let oci_desc = oci_client::manifest::OciDescriptor {
             media_type: desc.media_type.clone(),
             digest: desc.digest.clone(),
@@ -473,7 +531,10 @@ impl Registry {
             .await
             .map_err(|e| self.map(e))?;
         if digest(&out.buf) != desc.digest {
-            return Err(verify_err(format!("blob {} does not match its digest", desc.digest)));
+            return Err(verify_err(format!(
+                "blob {} does not match its digest",
+                desc.digest
+            )));
         }
         Ok(out.buf)
     }
@@ -486,7 +547,10 @@ fn is_not_found(e: &OciDistributionError) -> bool {
         OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|e| {
             matches!(
                 e.code,
-                OciErrorCode::ManifestUnknown | OciErrorCode::NotFound | OciErrorCode::BlobUnknown | OciErrorCode::NameUnknown
+                OciErrorCode::ManifestUnknown
+                    | OciErrorCode::NotFound
+                    | OciErrorCode::BlobUnknown
+                    | OciErrorCode::NameUnknown
             )
         }),
         _ => false,
@@ -500,9 +564,15 @@ struct CappedVec {
 }
 
 impl tokio::io::AsyncWrite for CappedVec {
-    fn poll_write(mut self: Pin<&mut Self>, _: &mut TaskContext<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut TaskContext<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         if (self.buf.len() + data.len()) as u64 > self.cap {
-            return Poll::Ready(Err(std::io::Error::other("blob is larger than the size cap")));
+            return Poll::Ready(Err(std::io::Error::other(
+                "blob is larger than the size cap",
+            )));
         }
         self.buf.extend_from_slice(data);
         Poll::Ready(Ok(data.len()))
@@ -599,7 +669,11 @@ pub async fn publish_ring(
     for (i, (p, already)) in prepared.iter().zip(exists).enumerate() {
         let n = i + 1;
         if already {
-            progress(&format!("[{n}/{total}] {} already published as {}", p.tag, short(&p.manifest_digest)));
+            progress(&format!(
+                "[{n}/{total}] {} already published as {}",
+                p.tag,
+                short(&p.manifest_digest)
+            ));
         } else {
             for (what, bytes) in [("config", &p.config), ("layer", &p.tar)] {
                 let d = digest(bytes);
@@ -613,9 +687,18 @@ pub async fn publish_ring(
                 ));
             }
             reg.push_manifest(&p.tag, &p.manifest).await?;
-            progress(&format!("[{n}/{total}] {} manifest {} tagged", p.tag, short(&p.manifest_digest)));
+            progress(&format!(
+                "[{n}/{total}] {} manifest {} tagged",
+                p.tag,
+                short(&p.manifest_digest)
+            ));
         }
-        report.releases.push((p.tag.clone(), p.release_digest.clone(), p.manifest_digest.clone(), !already));
+        report.releases.push((
+            p.tag.clone(),
+            p.release_digest.clone(),
+            p.manifest_digest.clone(),
+            !already,
+        ));
     }
     report.pointers = move_pointers(reg, &targets, pointers, progress).await?;
     Ok(report)
@@ -634,13 +717,17 @@ pub async fn promote_ring(
 ) -> Result<PublishReport, OciError> {
     let keys = [signer.public_key()];
     let ring_tag = release_tag(version, ring, None)?;
-    let (bytes, ring_manifest_digest) = reg
-        .get_manifest(&ring_tag)
-        .await?
-        .ok_or_else(|| OciError::NotFound(format!("release {ring_tag} (ring {ring}, version {version})")))?;
-    let (manifest, _) = fetch_release_manifest(reg, &bytes, &keys, DEFAULT_MAX_RELEASE_BYTES).await?;
+    let (bytes, ring_manifest_digest) = reg.get_manifest(&ring_tag).await?.ok_or_else(|| {
+        OciError::NotFound(format!(
+            "release {ring_tag} (ring {ring}, version {version})"
+        ))
+    })?;
+    let (manifest, _) =
+        fetch_release_manifest(reg, &bytes, &keys, DEFAULT_MAX_RELEASE_BYTES).await?;
     if manifest.ring != ring || manifest.channel.is_some() {
-        return Err(verify_err(format!("{ring_tag} is not ring {ring}'s release")));
+        return Err(verify_err(format!(
+            "{ring_tag} is not ring {ring}'s release"
+        )));
     }
     let mut targets = Vec::new();
     for exp in &manifest.experiments {
@@ -650,9 +737,14 @@ pub async fn promote_ring(
                 .get_manifest(&tag)
                 .await?
                 .ok_or_else(|| OciError::NotFound(format!("channel release {tag}")))?;
-            let (cm, rdigest) = fetch_release_manifest(reg, &cbytes, &keys, DEFAULT_MAX_RELEASE_BYTES).await?;
-            if cm.org != manifest.org || cm.ring != ring || cm.channel.as_ref() != Some(&v.channel) {
-                return Err(verify_err(format!("{tag} is not channel {} of ring {ring}", v.channel)));
+            let (cm, rdigest) =
+                fetch_release_manifest(reg, &cbytes, &keys, DEFAULT_MAX_RELEASE_BYTES).await?;
+            if cm.org != manifest.org || cm.ring != ring || cm.channel.as_ref() != Some(&v.channel)
+            {
+                return Err(verify_err(format!(
+                    "{tag} is not channel {} of ring {ring}",
+                    v.channel
+                )));
             }
             targets.push(PointerTarget {
                 org: cm.org,
@@ -720,8 +812,20 @@ async fn preflight_pointers(
                 c.org, c.ring, t.org, t.ring
             )));
         }
-        let seq = next_seq(current.as_ref().map(|c| c.seq), now_unix, recorded.get(&tag).copied());
-        let pointer = new_pointer(&t.org, &t.ring, t.channel.clone(), &t.release_digest, &t.manifest_digest, seq, now);
+        let seq = next_seq(
+            current.as_ref().map(|c| c.seq),
+            now_unix,
+            recorded.get(&tag).copied(),
+        );
+        let pointer = new_pointer(
+            &t.org,
+            &t.ring,
+            t.channel.clone(),
+            &t.release_digest,
+            &t.manifest_digest,
+            seq,
+            now,
+        );
         out.push(prepare_pointer(pointer, signer)?);
     }
     Ok(out)
@@ -735,9 +839,11 @@ async fn move_pointers(
     progress: Progress<'_>,
 ) -> Result<Vec<(String, u64)>, OciError> {
     let mut moved = Vec::new();
-    reg.push_blob_if_missing(EMPTY_BLOB, &digest(EMPTY_BLOB)).await?;
+    reg.push_blob_if_missing(EMPTY_BLOB, &digest(EMPTY_BLOB))
+        .await?;
     for (t, p) in targets.iter().zip(pointers) {
-        reg.push_blob_if_missing(&p.payload, &digest(&p.payload)).await?;
+        reg.push_blob_if_missing(&p.payload, &digest(&p.payload))
+            .await?;
         reg.push_manifest(&p.tag, &p.manifest).await?;
         let info = info_tag(&t.ring, t.channel.as_ref())?;
         reg.push_manifest(&info, &t.manifest).await?;
@@ -753,13 +859,16 @@ async fn move_pointers(
 }
 
 fn parse_manifest(bytes: &[u8]) -> Result<ImageManifest, OciError> {
-    let m: ImageManifest =
-        serde_json::from_slice(bytes).map_err(|e| verify_err(format!("manifest does not decode: {e}")))?;
+    let m: ImageManifest = serde_json::from_slice(bytes)
+        .map_err(|e| verify_err(format!("manifest does not decode: {e}")))?;
     if m.schema_version != 2 || m.media_type != MANIFEST_MEDIA_TYPE {
         return Err(verify_err("manifest is not an OCI image manifest"));
     }
     if m.layers.len() != 1 {
-        return Err(verify_err(format!("manifest has {} layers, expected 1", m.layers.len())));
+        return Err(verify_err(format!(
+            "manifest has {} layers, expected 1",
+            m.layers.len()
+        )));
     }
     Ok(m)
 }
@@ -780,12 +889,18 @@ pub async fn read_pointer(
         return Err(verify_err(format!("{tag} is not a Halos pointer")));
     }
     if layer.size > MAX_POINTER_BYTES {
-        return Err(verify_err(format!("{tag} payload is over {MAX_POINTER_BYTES} bytes")));
+        return Err(verify_err(format!(
+            "{tag} payload is over {MAX_POINTER_BYTES} bytes"
+        )));
     }
-    let signature = m.signature().ok_or_else(|| verify_err(format!("{tag} carries no signature")))?;
+    let signature = m
+        .signature()
+        .ok_or_else(|| verify_err(format!("{tag} carries no signature")))?;
     let payload = reg.pull_blob(layer, MAX_POINTER_BYTES).await?;
     if !verify_any(keys, &pointer_statement(&payload), signature) {
-        return Err(verify_err(format!("{tag}: the signature does not verify with any trusted key")));
+        return Err(verify_err(format!(
+            "{tag}: the signature does not verify with any trusted key"
+        )));
     }
     let pointer: Pointer =
         serde_json::from_slice(&payload).map_err(|e| verify_err(format!("{tag} payload: {e}")))?;
@@ -873,7 +988,10 @@ pub async fn pull_verified(
     if digest(&tar) != pointer.digest {
         return Err(verify_err("release digest differs from the pointer's"));
     }
-    if manifest.org != pointer.org || manifest.ring != pointer.ring || manifest.channel.as_ref() != channel {
+    if manifest.org != pointer.org
+        || manifest.ring != pointer.ring
+        || manifest.channel.as_ref() != channel
+    {
         return Err(verify_err(format!(
             "release {} belongs to org {:?} ring {:?}, the pointer to org {:?} ring {:?}",
             pointer.digest, manifest.org, manifest.ring, pointer.org, pointer.ring
@@ -911,7 +1029,10 @@ mod tests {
             docker_config_auth(text, "reg.example.com"),
             Some(RegistryAuth::Basic(u, p)) if u == "user" && p == "pass"
         ));
-        assert!(matches!(docker_config_auth(text, "other.io"), Some(RegistryAuth::Basic(..))));
+        assert!(matches!(
+            docker_config_auth(text, "other.io"),
+            Some(RegistryAuth::Basic(..))
+        ));
         assert!(docker_config_auth(text, "none.io").is_none());
     }
 }

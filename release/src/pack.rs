@@ -49,9 +49,12 @@ fn header(path: &str, size: usize) -> Result<tar::Header, PackError> {
 }
 
 /// The tar of `manifest` and `blobs` (hex sha256 -> content).
-pub fn pack(manifest: &ReleaseManifest, blobs: &BTreeMap<String, Vec<u8>>) -> Result<Vec<u8>, PackError> {
-    let mut json = serde_json::to_vec_pretty(manifest)
-        .map_err(|e| PackError::Malformed(e.to_string()))?;
+pub fn pack(
+    manifest: &ReleaseManifest,
+    blobs: &BTreeMap<String, Vec<u8>>,
+) -> Result<Vec<u8>, PackError> {
+    let mut json =
+        serde_json::to_vec_pretty(manifest).map_err(|e| PackError::Malformed(e.to_string()))?;
     json.push(b'\n');
     let mut builder = tar::Builder::new(Vec::new());
     builder.mode(tar::HeaderMode::Deterministic);
@@ -60,7 +63,10 @@ pub fn pack(manifest: &ReleaseManifest, blobs: &BTreeMap<String, Vec<u8>>) -> Re
         .map_err(PackError::Write)?;
     for (sha, content) in blobs {
         builder
-            .append(&header(&format!("blobs/{sha}"), content.len())?, content.as_slice())
+            .append(
+                &header(&format!("blobs/{sha}"), content.len())?,
+                content.as_slice(),
+            )
             .map_err(PackError::Write)?;
     }
     builder.into_inner().map_err(PackError::Write)
@@ -84,11 +90,16 @@ pub fn unpack(tar_bytes: &[u8]) -> Result<(ReleaseManifest, BTreeMap<String, Vec
         return Err(bad("manifest.json is too large".into()));
     }
     let mut json = Vec::new();
-    first.read_to_end(&mut json).map_err(|e| bad(e.to_string()))?;
+    first
+        .read_to_end(&mut json)
+        .map_err(|e| bad(e.to_string()))?;
     let manifest: ReleaseManifest =
         serde_json::from_slice(&json).map_err(|e| bad(format!("manifest.json: {e}")))?;
     if manifest.schema != MANIFEST_SCHEMA {
-        return Err(bad(format!("manifest.json schema {:?} is not {MANIFEST_SCHEMA}", manifest.schema)));
+        return Err(bad(format!(
+            "manifest.json schema {:?} is not {MANIFEST_SCHEMA}",
+            manifest.schema
+        )));
     }
     let mut blobs = BTreeMap::new();
     for entry in entries {
@@ -101,7 +112,9 @@ pub fn unpack(tar_bytes: &[u8]) -> Result<(ReleaseManifest, BTreeMap<String, Vec
             return Err(bad(format!("unexpected entry {path:?}")));
         };
         let mut content = Vec::new();
-        entry.read_to_end(&mut content).map_err(|e| bad(e.to_string()))?;
+        entry
+            .read_to_end(&mut content)
+            .map_err(|e| bad(e.to_string()))?;
         if sha256_hex(&content) != sha {
             return Err(bad(format!("blob {path:?} does not match its digest")));
         }
@@ -112,7 +125,10 @@ pub fn unpack(tar_bytes: &[u8]) -> Result<(ReleaseManifest, BTreeMap<String, Vec
             return Err(bad(format!("file {} has no blob", f.path)));
         }
     }
-    if blobs.keys().any(|k| !manifest.files.iter().any(|f| &f.sha256 == k)) {
+    if blobs
+        .keys()
+        .any(|k| !manifest.files.iter().any(|f| &f.sha256 == k))
+    {
         return Err(bad("a blob is not listed in the manifest".into()));
     }
     Ok((manifest, blobs))

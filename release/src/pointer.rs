@@ -154,7 +154,10 @@ pub fn check_pointer(
     match p.expires() {
         Some(exp) if exp > now => Ok(()),
         Some(_) => Err(refuse(format!("expired at {}", p.expires_at))),
-        None => Err(refuse(format!("expiresAt {:?} is not RFC 3339", p.expires_at))),
+        None => Err(refuse(format!(
+            "expiresAt {:?} is not RFC 3339",
+            p.expires_at
+        ))),
     }
 }
 
@@ -180,10 +183,16 @@ mod tests {
         assert!(check_pointer("t", &p, "acme", "canary", None, None, now).is_ok());
         assert!(check_pointer("t", &p, "other", "canary", None, None, now).is_err());
         assert!(check_pointer("t", &p, "acme", "early", None, None, now).is_err());
-        let last = Applied { seq: 11, digest: d.clone() };
+        let last = Applied {
+            seq: 11,
+            digest: d.clone(),
+        };
         let err = check_pointer("t", &p, "acme", "canary", None, Some(&last), now).unwrap_err();
         assert!(err.to_string().contains("rollback refused"));
-        let last = Applied { seq: 10, digest: format!("sha256:{}", "b".repeat(64)) };
+        let last = Applied {
+            seq: 10,
+            digest: format!("sha256:{}", "b".repeat(64)),
+        };
         assert!(check_pointer("t", &p, "acme", "canary", None, Some(&last), now).is_err());
         let later = now + POINTER_TTL + time::Duration::seconds(1);
         assert!(check_pointer("t", &p, "acme", "canary", None, None, later).is_err());

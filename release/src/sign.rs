@@ -41,7 +41,9 @@ pub struct Signer {
 
 impl std::fmt::Debug for Signer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Signer").field("key_id", &self.key_id()).finish()
+        f.debug_struct("Signer")
+            .field("key_id", &self.key_id())
+            .finish()
     }
 }
 
@@ -87,11 +89,27 @@ mod tests {
         let sig = signer.sign(&release_statement(&digest));
         assert!(verify_any(&keys, &release_statement(&digest), &sig));
         // Not valid as a pointer signature, nor for another digest.
-        assert!(!verify_any(&keys, &pointer_statement(digest.as_bytes()), &sig));
-        assert!(!verify_any(&keys, &release_statement(&format!("sha256:{}", "cd".repeat(32))), &sig));
+        assert!(!verify_any(
+            &keys,
+            &pointer_statement(digest.as_bytes()),
+            &sig
+        ));
+        assert!(!verify_any(
+            &keys,
+            &release_statement(&format!("sha256:{}", "cd".repeat(32))),
+            &sig
+        ));
         let other = Signer::new(SigningKey::from_bytes(&[8u8; 32]));
-        assert!(!verify_any(&[other.public_key()], &release_statement(&digest), &sig));
-        assert!(!verify_any(&keys, &release_statement(&digest), "not base64!"));
+        assert!(!verify_any(
+            &[other.public_key()],
+            &release_statement(&digest),
+            &sig
+        ));
+        assert!(!verify_any(
+            &keys,
+            &release_statement(&digest),
+            "not base64!"
+        ));
         assert_eq!(
             pointer_statement(b"{}"),
             format!("halos.pointer.v1 {}", sha256_hex(b"{}")).into_bytes()

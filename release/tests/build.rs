@@ -35,7 +35,10 @@ fn adapter_output_matches_golden_files() {
         let mut names = Vec::new();
         for f in &release.manifest.files {
             let content = &release.blobs[&f.sha256];
-            let golden = golden_dir().join(ring).join(f.os.as_str()).join(file_name(&f.path));
+            let golden = golden_dir()
+                .join(ring)
+                .join(f.os.as_str())
+                .join(file_name(&f.path));
             names.push(golden.clone());
             if update {
                 std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
@@ -94,10 +97,17 @@ fn ring_release_lists_channels_and_channels_render_their_variant() {
     let treatment = build
         .channels
         .iter()
-        .find(|c| c.manifest.channel.as_ref().is_some_and(|c| c.variant == "opus-default"))
+        .find(|c| {
+            c.manifest
+                .channel
+                .as_ref()
+                .is_some_and(|c| c.variant == "opus-default")
+        })
         .unwrap();
     let settings: serde_json::Value = serde_json::from_slice(
-        treatment.file(Os::Linux, "/etc/claude-code/managed-settings.json").unwrap(),
+        treatment
+            .file(Os::Linux, "/etc/claude-code/managed-settings.json")
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(settings["model"], "opus", "engineering-opus renders opus");
@@ -111,21 +121,34 @@ fn ring_release_lists_channels_and_channels_render_their_variant() {
 #[test]
 fn bedrock_mode_renders_the_bedrock_env() {
     let mut org = acme();
-    org.gateway
-        .protocols
-        .insert(halo_policy::Harness::ClaudeCode, halo_policy::WireProtocol::BedrockInvoke);
+    org.gateway.protocols.insert(
+        halo_policy::Harness::ClaudeCode,
+        halo_policy::WireProtocol::BedrockInvoke,
+    );
     let build = build_ring(&org, "early").unwrap();
     let settings: serde_json::Value = serde_json::from_slice(
-        build.ring.file(Os::Darwin, "/Library/Application Support/ClaudeCode/managed-settings.json").unwrap(),
+        build
+            .ring
+            .file(
+                Os::Darwin,
+                "/Library/Application Support/ClaudeCode/managed-settings.json",
+            )
+            .unwrap(),
     )
     .unwrap();
     let env = &settings["env"];
     assert_eq!(env["CLAUDE_CODE_USE_BEDROCK"], "1");
-    assert_eq!(env["ANTHROPIC_BEDROCK_BASE_URL"], "https://halo-gateway.acme.com");
+    assert_eq!(
+        env["ANTHROPIC_BEDROCK_BASE_URL"],
+        "https://halo-gateway.acme.com"
+    );
     assert_eq!(env["CLAUDE_CODE_SKIP_BEDROCK_AUTH"], "1");
     assert_eq!(env["ANTHROPIC_MODEL"], "sonnet");
     assert!(env.get("ANTHROPIC_BASE_URL").is_none());
-    assert_eq!(settings["apiKeyHelper"], "halo auth token --audience api://halos");
+    assert_eq!(
+        settings["apiKeyHelper"],
+        "halo auth token --audience api://halos"
+    );
 }
 
 #[test]
@@ -139,11 +162,16 @@ fn bypass_token_is_refused_at_check_rendered_naming_file_and_field() {
         .get_mut(&halo_policy::Harness::ClaudeCode)
         .unwrap()
         .overrides
-        .insert("permissions".into(), serde_json::json!({"defaultMode": "bypassPermissions"}));
+        .insert(
+            "permissions".into(),
+            serde_json::json!({"defaultMode": "bypassPermissions"}),
+        );
     let err = build_ring(&org, "early").unwrap_err();
     match &err {
         BuildError::Check {
-            source: CheckError::BypassField { file, field, token, .. },
+            source: CheckError::BypassField {
+                file, field, token, ..
+            },
             ..
         } => {
             assert!(file.ends_with("managed-settings.json"), "{file}");
@@ -162,7 +190,14 @@ fn bypass_token_is_refused_at_check_rendered_naming_file_and_field() {
         .get_mut(&halo_policy::Harness::Codex)
         .unwrap()
         .overrides
-        .insert("sandbox_mode".into(), serde_json::json!("danger-full-access"));
+        .insert(
+            "sandbox_mode".into(),
+            serde_json::json!("danger-full-access"),
+        );
     let err = build_ring(&org, "early").unwrap_err();
-    assert!(err.to_string().contains("/etc/codex/managed_config.toml: field sandbox_mode"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("/etc/codex/managed_config.toml: field sandbox_mode"),
+        "{err}"
+    );
 }

@@ -75,12 +75,16 @@ pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
         Some(cmd) => out.warn(
             H,
             os,
-            format!("Codex reads its token from ${TOKEN_ENV}; export it at shell start from `{cmd}`"),
+            format!(
+                "Codex reads its token from ${TOKEN_ENV}; export it at shell start from `{cmd}`"
+            ),
         ),
         None => out.warn(
             H,
             os,
-            format!("the Gateway has no auth.helperCommand: ${TOKEN_ENV} must be set by other means"),
+            format!(
+                "the Gateway has no auth.helperCommand: ${TOKEN_ENV} must be set by other means"
+            ),
         ),
     }
 

@@ -122,7 +122,11 @@ pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
         out.warn(H, os, "hooks are not rendered for Gemini CLI");
     }
     if !profile.models.is_empty() {
-        out.warn(H, os, "the models menu is not enforceable in Gemini CLI settings");
+        out.warn(
+            H,
+            os,
+            "the models menu is not enforceable in Gemini CLI settings",
+        );
     }
     if profile.egress.as_ref().is_some_and(|e| !e.allow.is_empty()) {
         out.warn(
@@ -137,7 +141,12 @@ pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     merge_json_objects(&mut settings, &overrides);
-    out.file(H, os, settings_path(os), json_bytes(&Value::Object(settings)));
+    out.file(
+        H,
+        os,
+        settings_path(os),
+        json_bytes(&Value::Object(settings)),
+    );
 
     match (profile_path(os), ctx.helper_command()) {
         (Some(path), Some(cmd)) => {
@@ -171,7 +180,10 @@ mod tests {
 
     #[test]
     fn helper_command_is_quoted_and_no_token_is_written() {
-        let script = profile_script("https://gw.example.com", "halo auth token --audience 'api://x'");
+        let script = profile_script(
+            "https://gw.example.com",
+            "halo auth token --audience 'api://x'",
+        );
         assert!(script.contains(
             "GEMINI_API_KEY=\"$(sh -c 'halo auth token --audience '\\''api://x'\\''')\"\n"
         ));
