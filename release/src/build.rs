@@ -129,7 +129,7 @@ pub enum BuildError {
     Check {
         ring: String,
         channel: String,
-        source: CheckError,
+        source: Box<CheckError>,
     },
     #[error(transparent)]
     Pack(#[from] PackError),
@@ -227,11 +227,11 @@ fn build_one(
             let rendered = adapters::render(*harness, &ctx, os);
             for file in &rendered.files {
                 check_rendered(file).map_err(|source| BuildError::Check {
+                    source: Box::new(source),
                     ring: ring.to_string(),
                     channel: channel
                         .as_ref()
                         .map_or(String::new(), |c| format!(" channel {c}")),
-                    source,
                 })?;
             }
             files.extend(rendered.files);

@@ -167,19 +167,18 @@ fn bypass_token_is_refused_at_check_rendered_naming_file_and_field() {
             serde_json::json!({"defaultMode": "bypassPermissions"}),
         );
     let err = build_ring(&org, "early").unwrap_err();
-    match &err {
-        BuildError::Check {
-            source: CheckError::BypassField {
-                file, field, token, ..
-            },
-            ..
-        } => {
-            assert!(file.ends_with("managed-settings.json"), "{file}");
-            assert_eq!(field, "permissions.defaultMode");
-            assert_eq!(*token, "bypassPermissions");
-        }
-        other => panic!("expected a CheckRendered refusal, got {other}"),
-    }
+    let BuildError::Check { source, .. } = &err else {
+        panic!("expected a CheckRendered refusal, got {err}");
+    };
+    let CheckError::BypassField {
+        file, field, token, ..
+    } = source.as_ref()
+    else {
+        panic!("expected a field refusal, got {source}");
+    };
+    assert!(file.ends_with("managed-settings.json"), "{file}");
+    assert_eq!(field, "permissions.defaultMode");
+    assert_eq!(*token, "bypassPermissions");
     assert!(err.to_string().contains("permissions.defaultMode"));
     // And a Codex override in TOML.
     let mut org = acme();
