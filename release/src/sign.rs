@@ -29,9 +29,10 @@ pub fn pointer_statement(payload: &[u8]) -> Vec<u8> {
     format!("{POINTER_DOMAIN}{}", sha256_hex(payload)).into_bytes()
 }
 
-/// The key id of a raw public key.
+/// The key id of a raw public key: the same id `halo keys generate` prints and halod's
+/// `revokedKeys` lists.
 pub fn key_id(public: &[u8; 32]) -> String {
-    sha256_hex(public)[..16].to_string()
+    halo_policy::keys::key_id(&ed25519_compact::PublicKey::new(*public))
 }
 
 /// A release signer: the release key.
