@@ -15,7 +15,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, MatchedPath, Path, Query, Request, State};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, FromRequest, MatchedPath, Path, Query, Request, State,
+};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -117,7 +119,9 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = json!({"error": self.code, "message": self.message});
-        if let (Some(serde_json::Value::Object(extra)), Some(obj)) = (self.extra, body.as_object_mut()) {
+        if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
+            (self.extra, body.as_object_mut())
+        {
             obj.extend(extra);
         }
         let mut resp = (self.status, Json(body)).into_response();
@@ -141,9 +145,13 @@ impl IntoResponse for ApiError {
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> ApiError {
         match e {
-            AuthError::Unauthenticated(m) => ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", m),
+            AuthError::Unauthenticated(m) => {
+                ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", m)
+            }
             AuthError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", m),
-            AuthError::Unavailable(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "identity_unavailable", m),
+            AuthError::Unavailable(m) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "identity_unavailable", m)
+            }
         }
     }
 }
@@ -200,7 +208,10 @@ pub fn router(state: Shared) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .with_state(state)
 }
 
@@ -227,7 +238,11 @@ async fn count_requests(State(state): State<Shared>, req: Request, next: Next) -
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint; see /api/v1/openapi.json")
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint; see /api/v1/openapi.json",
+    )
 }
 
 async fn method_not_allowed(method: Method) -> ApiError {
@@ -276,7 +291,9 @@ async fn capabilities(State(state): State<Shared>) -> Json<serde_json::Value> {
 // ---------------------------------------------------------------------------
 
 fn authorization(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
 }
 
 async fn admin(state: &AppState, headers: &HeaderMap) -> Result<Admin, ApiError> {
@@ -331,7 +348,11 @@ where
     }
 }
 
-async fn device_auth(state: &AppState, ip: IpAddr, headers: &HeaderMap) -> Result<Device, ApiError> {
+async fn device_auth(
+    state: &AppState,
+    ip: IpAddr,
+    headers: &HeaderMap,
+) -> Result<Device, ApiError> {
     let token = bearer(authorization(headers)).map(str::to_string);
     with_throttle(state, ip, "device token", || async {
         match token {
@@ -366,16 +387,36 @@ struct ReasonBody {
     reason: String,
 }
 
-async fn kill_experiment(s: State<Shared>, h: HeaderMap, n: Path<String>, b: Result<ApiJson<ReasonBody>, ApiError>) -> Result<Response, ApiError> {
+async fn kill_experiment(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
     change(s, h, n, b, Action::Kill, Target::Experiment).await
 }
-async fn unkill_experiment(s: State<Shared>, h: HeaderMap, n: Path<String>, b: Result<ApiJson<ReasonBody>, ApiError>) -> Result<Response, ApiError> {
+async fn unkill_experiment(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
     change(s, h, n, b, Action::Unkill, Target::Experiment).await
 }
-async fn kill_toggle(s: State<Shared>, h: HeaderMap, n: Path<String>, b: Result<ApiJson<ReasonBody>, ApiError>) -> Result<Response, ApiError> {
+async fn kill_toggle(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
     change(s, h, n, b, Action::Kill, Target::Toggle).await
 }
-async fn unkill_toggle(s: State<Shared>, h: HeaderMap, n: Path<String>, b: Result<ApiJson<ReasonBody>, ApiError>) -> Result<Response, ApiError> {
+async fn unkill_toggle(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
     change(s, h, n, b, Action::Unkill, Target::Toggle).await
 }
 
@@ -410,12 +451,16 @@ async fn change(
         Target::Toggle => state.policy.org.toggles.contains_key(&name),
     };
     // An unkill may name something the policy has since dropped, if it is still killed.
-    let known = in_policy || (action == Action::Unkill && ks.state().await.is_killed(target, &name));
+    let known =
+        in_policy || (action == Action::Unkill && ks.state().await.is_killed(target, &name));
     if !known {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_name",
-            format!("the served policy has no {} named {name:?}", target.as_str()),
+            format!(
+                "the served policy has no {} named {name:?}",
+                target.as_str()
+            ),
         )
         .with(json!({"target": target.as_str(), "name": name})));
     }
@@ -453,24 +498,35 @@ async fn change(
             "version": version,
         }))
         .into_response()),
-        Change::AuditFailed { version, reverted, audit_error } => {
+        Change::AuditFailed {
+            version,
+            reverted,
+            audit_error,
+        } => {
             tracing::error!(error = %audit_error, action = action_str, "audit append failed");
             let message = match (action, reverted) {
                 (Action::Kill, _) => "the kill is applied (fail safe) but the audit log could not be written".to_string(),
                 (Action::Unkill, true) => "the unkill was reverted because the audit log could not be written".to_string(),
                 (Action::Unkill, false) => "the audit log could not be written and reverting the unkill failed too; check the data dir".to_string(),
             };
-            Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit_failed", message).with(json!({
-                "target": target.as_str(),
-                "name": name,
-                "killed": killed_now,
-                "version": version,
-            })))
+            Err(
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit_failed", message).with(
+                    json!({
+                        "target": target.as_str(),
+                        "name": name,
+                        "killed": killed_now,
+                        "version": version,
+                    }),
+                ),
+            )
         }
     }
 }
 
-async fn killswitch_status(State(state): State<Shared>, headers: HeaderMap) -> Result<Json<serde_json::Value>, ApiError> {
+async fn killswitch_status(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
     admin(&state, &headers).await?;
     let ks = kill_switch(&state)?;
     let s = ks.state().await;
@@ -538,8 +594,14 @@ struct MintBody {
 
 fn fleet_error(e: FleetError) -> ApiError {
     match e {
-        FleetError::BadEnrollmentToken => ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", e.to_string()),
-        FleetError::UnknownDevice(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_device", e.to_string()),
+        FleetError::BadEnrollmentToken => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            e.to_string(),
+        ),
+        FleetError::UnknownDevice(_) => {
+            ApiError::new(StatusCode::NOT_FOUND, "unknown_device", e.to_string())
+        }
         other => ApiError::internal(other),
     }
 }
@@ -551,8 +613,14 @@ async fn mint_enrollment(
 ) -> Result<Response, ApiError> {
     let admin = admin(&state, &headers).await?;
     let ApiJson(body) = body?;
-    if body.user.as_deref().is_some_and(|u| u.trim().is_empty()) || body.groups.iter().any(|g| g.trim().is_empty()) {
-        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", "user and groups must not be blank"));
+    if body.user.as_deref().is_some_and(|u| u.trim().is_empty())
+        || body.groups.iter().any(|g| g.trim().is_empty())
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "user and groups must not be blank",
+        ));
     }
     // Audit first: no audit record, no token.
     audit(
@@ -584,8 +652,12 @@ async fn enroll(
     let ApiJson(body) = body?;
     let fleet = &state.fleet;
     let result = with_throttle(&state, peer.ip(), "enrollment token", || async {
-        Some(fleet.enroll(&body.enrollment_token, body.host.clone()).await)
-            .filter(|r| !matches!(r, Err(FleetError::BadEnrollmentToken)))
+        Some(
+            fleet
+                .enroll(&body.enrollment_token, body.host.clone())
+                .await,
+        )
+        .filter(|r| !matches!(r, Err(FleetError::BadEnrollmentToken)))
     })
     .await?;
     let enrolled = result.map_err(fleet_error)?;
@@ -616,7 +688,8 @@ async fn fleet_ring(
     query: Result<Query<RingQuery>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let device = device_auth(&state, peer.ip(), &headers).await?;
-    let Query(q) = query.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
+    let Query(q) = query
+        .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
     let _ = q.host;
     let user = match (&device.user, q.user.filter(|u| !u.is_empty())) {
         (Some(bound), Some(asked)) if *bound != asked => {
@@ -629,7 +702,11 @@ async fn fleet_ring(
         (Some(bound), _) => bound.clone(),
         (None, Some(asked)) => asked,
         (None, None) => {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", "user is required: ?user=<user>&host=<host>"));
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                "user is required: ?user=<user>&host=<host>",
+            ));
         }
     };
     let subject = Subject {
@@ -660,14 +737,15 @@ async fn fleet_report(
     let fleet_token = state.fleet_token.clone();
     let fleet = &state.fleet;
     // The fleet token reports for no device; a device token reports for its device.
-    let reporter: Option<String> = with_throttle(&state, peer.ip(), "fleet or device token", || async {
-        let t = token?;
-        if fleet_token.as_ref().is_some_and(|d| d.matches(&t)) {
-            return Some(None);
-        }
-        fleet.device_for_token(&t).await.map(|d| Some(d.id))
-    })
-    .await?;
+    let reporter: Option<String> =
+        with_throttle(&state, peer.ip(), "fleet or device token", || async {
+            let t = token?;
+            if fleet_token.as_ref().is_some_and(|d| d.matches(&t)) {
+                return Some(None);
+            }
+            fleet.device_for_token(&t).await.map(|d| Some(d.id))
+        })
+        .await?;
     let ApiJson(status) = body?;
     state
         .fleet
@@ -677,7 +755,10 @@ async fn fleet_report(
     Ok((StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response())
 }
 
-async fn list_devices(State(state): State<Shared>, headers: HeaderMap) -> Result<Json<serde_json::Value>, ApiError> {
+async fn list_devices(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
     admin(&state, &headers).await?;
     Ok(Json(json!({"devices": state.fleet.list().await})))
 }
@@ -688,12 +769,20 @@ async fn revoke_device(
     Path(id): Path<String>,
 ) -> Result<Json<Device>, ApiError> {
     let admin = admin(&state, &headers).await?;
-    let device = state.fleet.revoke(&id, &admin.user).await.map_err(fleet_error)?;
+    let device = state
+        .fleet
+        .revoke(&id, &admin.user)
+        .await
+        .map_err(fleet_error)?;
     // The revoke stands even if the audit fails (fail safe), but the caller hears of it.
     audit(
         state.store.as_ref(),
         json!({"at": now_rfc3339(), "actor": admin.user, "action": "revoke-device", "device": id}),
     )
-    .map_err(|e| ApiError::internal(format!("the device is revoked but the audit log could not be written: {e}")))?;
+    .map_err(|e| {
+        ApiError::internal(format!(
+            "the device is revoked but the audit log could not be written: {e}"
+        ))
+    })?;
     Ok(Json(device))
 }

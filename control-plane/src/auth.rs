@@ -79,11 +79,10 @@ pub fn http_client(ca_pem: Option<(&str, &[u8])>) -> Result<reqwest::Client, Set
         .timeout(FETCH_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none());
     if let Some((path, pem)) = ca_pem {
-        let certs =
-            reqwest::Certificate::from_pem_bundle(pem).map_err(|e| SetupError::CaFile {
-                path: path.to_string(),
-                message: e.to_string(),
-            })?;
+        let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| SetupError::CaFile {
+            path: path.to_string(),
+            message: e.to_string(),
+        })?;
         if certs.is_empty() {
             return Err(SetupError::CaFile {
                 path: path.to_string(),
@@ -94,7 +93,9 @@ pub fn http_client(ca_pem: Option<(&str, &[u8])>) -> Result<reqwest::Client, Set
             builder = builder.add_root_certificate(cert);
         }
     }
-    builder.build().map_err(|e| SetupError::Client(e.to_string()))
+    builder
+        .build()
+        .map_err(|e| SetupError::Client(e.to_string()))
 }
 
 #[derive(Debug)]
@@ -264,7 +265,10 @@ fn admin_from_claims(
     claims: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<Admin, AuthError> {
     let claim_names = identity.claims.clone().unwrap_or_default();
-    let groups_claim = claim_names.groups.as_deref().unwrap_or(DEFAULT_GROUPS_CLAIM);
+    let groups_claim = claim_names
+        .groups
+        .as_deref()
+        .unwrap_or(DEFAULT_GROUPS_CLAIM);
     let user_claim = claim_names.user.as_deref().unwrap_or(DEFAULT_USER_CLAIM);
     let user = claims
         .get(user_claim)

@@ -226,8 +226,7 @@ impl Settings {
 
 fn parse_addr(s: &str) -> SocketAddr {
     // The defaults are literals that parse.
-    s.parse()
-        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
+    s.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
 fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -309,14 +308,9 @@ mod tests {
 
     #[test]
     fn key_requires_token_and_data_dir() {
-        let err = Settings::resolve(parse(&[
-            "--policy-dir",
-            "p",
-            "--killswitch-key-file",
-            "k",
-        ]))
-        .unwrap_err()
-        .to_string();
+        let err = Settings::resolve(parse(&["--policy-dir", "p", "--killswitch-key-file", "k"]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--gateway-token-file"), "{err}");
         let err = Settings::resolve(parse(&[
             "--policy-dir",

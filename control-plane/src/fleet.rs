@@ -34,7 +34,11 @@ enum EnrollmentRecord {
         at: String,
     },
     #[serde(rename_all = "camelCase")]
-    Used { id: String, device: String, at: String },
+    Used {
+        id: String,
+        device: String,
+        at: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -177,12 +177,11 @@ impl std::fmt::Debug for KillSwitch {
 pub fn load_state(store: &dyn Store) -> Result<KillState, StoreError> {
     let mut state = KillState::default();
     for (i, value) in store.read_all(Log::Killswitch)?.into_iter().enumerate() {
-        let rec: KillRecord =
-            serde_json::from_value(value).map_err(|e| StoreError::Corrupt {
-                path: Log::Killswitch.file_name().to_string(),
-                line: i + 1,
-                message: e.to_string(),
-            })?;
+        let rec: KillRecord = serde_json::from_value(value).map_err(|e| StoreError::Corrupt {
+            path: Log::Killswitch.file_name().to_string(),
+            line: i + 1,
+            message: e.to_string(),
+        })?;
         state.apply(&rec);
     }
     Ok(state)

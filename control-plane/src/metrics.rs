@@ -31,7 +31,10 @@ fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
 impl Metrics {
     /// One request, by route template (never the raw path: names and ids stay out).
     pub fn request(&self, method: &str, route: &str, status: u16) {
-        bump(&self.requests, (method.to_string(), route.to_string(), status));
+        bump(
+            &self.requests,
+            (method.to_string(), route.to_string(), status),
+        );
     }
 
     pub fn kill_change(&self, action: &'static str, target: &'static str) {
@@ -45,7 +48,12 @@ impl Metrics {
     pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::new();
         out.push_str("# HELP halo_server_http_requests_total HTTP requests by route template and status.\n# TYPE halo_server_http_requests_total counter\n");
-        for ((m, r, s), n) in self.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for ((m, r, s), n) in self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             let _ = writeln!(
                 out,
                 "halo_server_http_requests_total{{method=\"{m}\",route=\"{}\",status=\"{s}\"}} {n}",

@@ -51,15 +51,6 @@ pub fn load_policy(dir: &std::path::Path) -> anyhow::Result<ServedPolicy> {
 /// Build the shared state from settings (reads every file; nothing is bound yet).
 pub fn build_state(settings: &Settings) -> anyhow::Result<Arc<AppState>> {
     let policy = load_policy(&settings.policy_dir)?;
-    let store: Arc<dyn Store> = match &settings.data_dir {
-        Some(dir) => Arc::new(
-            FileStore::open(dir).with_context(|| format!("opening data dir {}", dir.display()))?,
-        ),
-        None => {
-            tracing::warn!("no --data-dir: enrollments, devices and reports live in memory only");
-            Arc::new(MemoryStore::default())
-        }
-    };
     let gateway_token = settings
         .gateway_token_file
         .as_deref()
@@ -70,16 +61,32 @@ pub fn build_state(settings: &Settings) -> anyhow::Result<Arc<AppState>> {
         .as_deref()
         .map(|p| read_token_file("fleet token", p))
         .transpose()?;
-    let killswitch = match &settings.killswitch_key_file {
+    // Everything is read and checked before the data dir is touched.
+    let kill_key = match &settings.killswitch_key_file {
         Some(path) if settings.kill_switch_enabled() => {
             let pem = std::fs::read_to_string(path)
                 .with_context(|| format!("reading kill-switch key {}", path.display()))?;
-            let key = halo_policy::keys::signing_key_from_pem(&pem)
-                .with_context(|| format!("kill-switch key {}", path.display()))?;
-            let ks = KillSwitch::open(Arc::clone(&store), key).context("opening the kill log")?;
-            Some(ks)
+            Some(
+                halo_policy::keys::signing_key_from_pem(&pem)
+                    .with_context(|| format!("kill-switch key {}", path.display()))?,
+            )
         }
         _ => None,
+    };
+    let store: Arc<dyn Store> = match &settings.data_dir {
+        Some(dir) => Arc::new(
+            FileStore::open(dir).with_context(|| format!("opening data dir {}", dir.display()))?,
+        ),
+        None => {
+            tracing::warn!("no --data-dir: enrollments, devices and reports live in memory only");
+            Arc::new(MemoryStore::default())
+        }
+    };
+    let killswitch = match kill_key {
+        Some(key) => {
+            Some(KillSwitch::open(Arc::clone(&store), key).context("opening the kill log")?)
+        }
+        None => None,
     };
     let ca = match &settings.oidc_ca_file {
         Some(p) => Some((

@@ -164,8 +164,7 @@ fn repair_torn_tail(file: &mut File) -> std::io::Result<()> {
 
 impl Store for FileStore {
     fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
-        let mut line =
-            serde_json::to_vec(record).map_err(|e| StoreError::Encode(e.to_string()))?;
+        let mut line = serde_json::to_vec(record).map_err(|e| StoreError::Encode(e.to_string()))?;
         line.push(b'\n');
         let path = self.path(log);
         let io = |source| StoreError::Io {

@@ -87,7 +87,10 @@ impl Throttle {
 
     pub fn success(&self, addr: IpAddr) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.get(&addr).is_some_and(|e| e.blocked_until.is_none()) {
+        if entries
+            .get(&addr)
+            .is_some_and(|e| e.blocked_until.is_none())
+        {
             entries.remove(&addr);
         }
     }

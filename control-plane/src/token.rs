@@ -65,7 +65,10 @@ pub fn check_strength(token: &str) -> Result<(), WeakToken> {
     let padding = bytes.len() - body.len();
     let is_hex = padding == 0 && body.bytes().all(|b| b.is_ascii_hexdigit());
     if !is_hex {
-        if padding > 2 || !body.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/-_".contains(&b))
+        if padding > 2
+            || !body
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+/-_".contains(&b))
         {
             return Err(WeakToken::Charset);
         }
@@ -119,8 +122,16 @@ fn check_runs(s: &[u8]) -> Result<(), WeakToken> {
     for w in s.windows(2) {
         let (a, b) = (w[0], w[1]);
         same = if b == a { same + 1 } else { 1 };
-        up = if a.checked_add(1) == Some(b) { up + 1 } else { 1 };
-        down = if b.checked_add(1) == Some(a) { down + 1 } else { 1 };
+        up = if a.checked_add(1) == Some(b) {
+            up + 1
+        } else {
+            1
+        };
+        down = if b.checked_add(1) == Some(a) {
+            down + 1
+        } else {
+            1
+        };
         if same >= MAX_RUN {
             return Err(WeakToken::Repeated);
         }
@@ -230,16 +241,31 @@ mod tests {
         }
         let refused: [(&str, WeakToken); 12] = [
             // The two passphrases the final review found the old estimate accepted.
-            ("halos-gateway-token-production-2026", WeakToken::Base64Classes),
+            (
+                "halos-gateway-token-production-2026",
+                WeakToken::Base64Classes,
+            ),
             ("abcdefghijklmnopqrstuvwxyz012345", WeakToken::Consecutive),
             ("", WeakToken::Empty),
             ("9c41e07b3fa2d5688e1b0c7d4f5a2e9", WeakToken::TooShort(31)),
             ("9c41e07b 3fa2d5688e1b0c7d4f5a2e93x", WeakToken::Charset),
             ("9c41e07b3fa2d5688e1b0c7d4f5a2e93!", WeakToken::Charset),
-            ("Xk3_p9Lq-Zr7Tb2Nc5Vm8Hd1Fj4Gs6W+y0Qa", WeakToken::MixedAlphabets),
-            ("9c41e07b3fa2d0000000088e1b0c7d4f5a2e93", WeakToken::Repeated),
-            ("9c41e07b3fa2d01234567e1b0c7d4f5a2e93", WeakToken::Consecutive),
-            ("9c41e07b3fa2d76543210e1b0c7d4f5a2e93", WeakToken::Consecutive),
+            (
+                "Xk3_p9Lq-Zr7Tb2Nc5Vm8Hd1Fj4Gs6W+y0Qa",
+                WeakToken::MixedAlphabets,
+            ),
+            (
+                "9c41e07b3fa2d0000000088e1b0c7d4f5a2e93",
+                WeakToken::Repeated,
+            ),
+            (
+                "9c41e07b3fa2d01234567e1b0c7d4f5a2e93",
+                WeakToken::Consecutive,
+            ),
+            (
+                "9c41e07b3fa2d76543210e1b0c7d4f5a2e93",
+                WeakToken::Consecutive,
+            ),
             (
                 "abababababababababababababababab",
                 WeakToken::TooFewDistinct {
@@ -267,7 +293,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gw.token");
         std::fs::write(&path, "halos-gateway-token-production-2026\n").unwrap();
-        let err = read_token_file("gateway token", &path).unwrap_err().to_string();
+        let err = read_token_file("gateway token", &path)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("openssl rand -hex 32"), "{err}");
         assert!(!err.contains("production-2026"), "{err}");
     }

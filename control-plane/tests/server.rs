@@ -58,7 +58,9 @@ async fn kill_endpoints_authz() {
     }));
     let r = server.post(path, Some(&wrong_aud), body.clone()).await;
     assert_error(&r, 401, "authentication_error");
-    let r = server.post(path, Some(&env.user_token()), body.clone()).await;
+    let r = server
+        .post(path, Some(&env.user_token()), body.clone())
+        .await;
     assert_error(&r, 403, "forbidden");
     assert!(env.log_lines("killswitch.jsonl").is_empty());
 
@@ -66,7 +68,9 @@ async fn kill_endpoints_authz() {
     let r = server.post(path, Some(&admin), json!({})).await;
     assert_error(&r, 422, "invalid_body");
     assert!(r.body["message"].as_str().unwrap().contains("reason"));
-    let r = server.post(path, Some(&admin), json!({"reason": "  "})).await;
+    let r = server
+        .post(path, Some(&admin), json!({"reason": "  "}))
+        .await;
     assert_error(&r, 422, "reason_required");
     assert!(env.log_lines("killswitch.jsonl").is_empty());
     assert!(env.log_lines("audit.jsonl").is_empty());
@@ -88,7 +92,9 @@ async fn kill_endpoints_authz() {
     assert_eq!(status.status, 200);
     assert_eq!(status.body["experiments"][0]["name"], "claude-opus-default");
     assert_eq!(status.body["experiments"][0]["by"], "alice@acme.com");
-    let status = server.get("/api/v1/killswitch", Some(&env.user_token())).await;
+    let status = server
+        .get("/api/v1/killswitch", Some(&env.user_token()))
+        .await;
     assert_error(&status, 403, "forbidden");
     server.stop().await;
 }
@@ -352,7 +358,9 @@ async fn bad_input_is_refused_and_nothing_is_written() {
     let admin = env.admin_token();
     let server = serve(&env.settings()).await;
     let path = "/api/v1/experiments/gpt-shadow/kill";
-    let r = server.post_raw(path, &admin, b"{\"reason\": ".to_vec()).await;
+    let r = server
+        .post_raw(path, &admin, b"{\"reason\": ".to_vec())
+        .await;
     assert_error(&r, 400, "malformed_json");
     let big = format!("{{\"reason\": \"{}\"}}", "x".repeat(8192));
     let r = server.post_raw(path, &admin, big.into_bytes()).await;
@@ -421,7 +429,11 @@ async fn enrollment_ring_report_and_revoke() {
     let admin = env.admin_token();
     let server = serve(&env.settings()).await;
     let r = server
-        .post("/api/v1/enrollment-tokens", Some(&env.user_token()), json!({}))
+        .post(
+            "/api/v1/enrollment-tokens",
+            Some(&env.user_token()),
+            json!({}),
+        )
         .await;
     assert_error(&r, 403, "forbidden");
     let r = server
@@ -446,7 +458,11 @@ async fn enrollment_ring_report_and_revoke() {
     let device_id = r.body["deviceId"].as_str().unwrap().to_string();
     // One-time: the same enrollment token does not enroll twice.
     let again = server
-        .post("/api/v1/enroll", None, json!({"enrollmentToken": enrollment}))
+        .post(
+            "/api/v1/enroll",
+            None,
+            json!({"enrollmentToken": enrollment}),
+        )
         .await;
     assert_error(&again, 401, "authentication_error");
     // Only digests are stored.
@@ -468,7 +484,9 @@ async fn enrollment_ring_report_and_revoke() {
         .get("/api/v1/fleet/ring?user=bob@acme.com", Some(&device_token))
         .await;
     assert_error(&r, 403, "forbidden");
-    let r = server.get("/api/v1/fleet/ring?user=carol@acme.com", None).await;
+    let r = server
+        .get("/api/v1/fleet/ring?user=carol@acme.com", None)
+        .await;
     assert_error(&r, 401, "authentication_error");
 
     // ADR-0009: TestFleetKillswitchEndpoint (halod polls the same signed list).
@@ -477,7 +495,9 @@ async fn enrollment_ring_report_and_revoke() {
         .await;
     assert_eq!(r.status, 200);
     verify(&r.raw, &env.killswitch_pub, now(), None).unwrap();
-    let r = server.get("/api/v1/fleet/killswitch", Some(GATEWAY_TOKEN)).await;
+    let r = server
+        .get("/api/v1/fleet/killswitch", Some(GATEWAY_TOKEN))
+        .await;
     assert_error(&r, 401, "authentication_error");
 
     let status = json!({"ring": "canary", "digest": "sha256:ab", "ok": true});
@@ -501,12 +521,19 @@ async fn enrollment_ring_report_and_revoke() {
     assert_eq!(r.body["devices"][0]["host"], "carol-mbp");
     assert!(r.body["devices"][0]["lastReportAt"].is_string());
     let r = server
-        .post(&format!("/api/v1/devices/{device_id}/revoke"), Some(&admin), json!({}))
+        .post(
+            &format!("/api/v1/devices/{device_id}/revoke"),
+            Some(&admin),
+            json!({}),
+        )
         .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(r.body["revoked"], true);
     let r = server
-        .get("/api/v1/fleet/ring?user=carol@acme.com", Some(&device_token))
+        .get(
+            "/api/v1/fleet/ring?user=carol@acme.com",
+            Some(&device_token),
+        )
         .await;
     assert_error(&r, 401, "authentication_error");
     let r = server
@@ -518,7 +545,10 @@ async fn enrollment_ring_report_and_revoke() {
     // Revocation survives a restart.
     let server = serve(&env.settings()).await;
     let r = server
-        .get("/api/v1/fleet/ring?user=carol@acme.com", Some(&device_token))
+        .get(
+            "/api/v1/fleet/ring?user=carol@acme.com",
+            Some(&device_token),
+        )
         .await;
     assert_error(&r, 401, "authentication_error");
     server.stop().await;
@@ -556,7 +586,14 @@ async fn health_and_metrics_on_the_admin_listener() {
 async fn subscribers_see_a_kill_at_once() {
     let env = Env::new().await;
     let server = serve(&env.settings()).await;
-    let ks = server.running.as_ref().unwrap().state.killswitch.clone().unwrap();
+    let ks = server
+        .running
+        .as_ref()
+        .unwrap()
+        .state
+        .killswitch
+        .clone()
+        .unwrap();
     let mut rx = ks.subscribe();
     rx.borrow_and_update();
     let r = server

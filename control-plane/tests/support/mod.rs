@@ -38,8 +38,16 @@ impl Env {
         );
         std::fs::write(&root, text).unwrap();
         let pair = halo_policy::keys::generate().unwrap();
-        std::fs::write(dir.path().join("killswitch.key"), pair.private_pem.as_bytes()).unwrap();
-        std::fs::write(dir.path().join("gateway.token"), format!("{GATEWAY_TOKEN}\n")).unwrap();
+        std::fs::write(
+            dir.path().join("killswitch.key"),
+            pair.private_pem.as_bytes(),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("gateway.token"),
+            format!("{GATEWAY_TOKEN}\n"),
+        )
+        .unwrap();
         std::fs::write(dir.path().join("fleet.token"), FLEET_TOKEN).unwrap();
         std::fs::write(dir.path().join("oidc-ca.pem"), &issuer.ca_pem).unwrap();
         let killswitch_pub = halo_policy::keys::public_key_from_pem(&pair.public_pem).unwrap();
