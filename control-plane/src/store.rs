@@ -10,7 +10,7 @@
 //! lets tests inject failures.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -164,20 +164,14 @@ fn repair_torn_tail(file: &mut File) -> std::io::Result<()> {
 
 impl Store for FileStore {
     fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
-        let mut line = serde_json::to_vec(record).map_err(|e| StoreError::Encode(e.to_string()))?;
-        line.push(b'\n');
-        let path = self.path(log);
-        let io = |source| StoreError::Io {
-            path: path.display().to_string(),
-            source,
-        };
+        // Compact JSON escapes every newline, so a record is always one line.
+        let line = serde_json::to_string(record).map_err(|e| StoreError::Encode(e.to_string()))?;
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        // Opened per append: a file replaced or made unwritable under us fails this
-        // append (and the caller's fail-closed rule) instead of writing to a stale handle.
-        let mut file = open_options().open(&path).map_err(io)?;
-        file.write_all(&line).map_err(io)?;
-        file.sync_data().map_err(io)?;
-        Ok(())
+        // halo-fsutil opens the file per append: a file replaced or made unwritable under
+        // us fails this append (and the caller's fail-closed rule) instead of writing to a
+        // stale handle. One write, then fsync, before returning.
+        halo_fsutil::append_line(&self.path(log), &line)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))
     }
 
     fn read_all(&self, log: Log) -> Result<Vec<serde_json::Value>, StoreError> {
@@ -276,6 +270,7 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::io::Write;
 
     #[test]
     fn appends_survive_reopen_and_a_torn_tail_is_cut() {

@@ -1,15 +1,14 @@
-//! Test harness: a policy dir whose identity issuer is a [`oidc::FakeIssuer`] on
+//! Test harness: a policy dir whose identity issuer is halo-testkit's fake OIDC issuer on
 //! loopback, keys and tokens in a temp dir, and halo-server started in-process on
 //! ephemeral loopback ports.
 #![allow(dead_code)]
-
-pub mod oidc;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use halo_server::config::Settings;
 use halo_server::server::{Running, start};
+use halo_testkit::oidc::FakeIssuer;
 use serde_json::{Value, json};
 
 pub const GATEWAY_TOKEN: &str = "3f9a1c7e5b2d8046af13ce97b0d24e6c58a7f31d9e0b6c24f8a5173d0e9c6b12";
@@ -17,13 +16,13 @@ pub const FLEET_TOKEN: &str = "c0ffee5a1b2d8046af13ce97b0d24e6c58a7f31d9e0b6c24f
 
 pub struct Env {
     pub dir: tempfile::TempDir,
-    pub issuer: oidc::FakeIssuer,
+    pub issuer: FakeIssuer,
     pub killswitch_pub: ed25519_compact::PublicKey,
 }
 
 impl Env {
     pub async fn new() -> Env {
-        let issuer = oidc::FakeIssuer::start().await;
+        let issuer = FakeIssuer::start();
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("policy");
         copy_dir(
