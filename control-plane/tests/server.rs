@@ -96,6 +96,12 @@ async fn kill_endpoints_authz() {
         .get("/api/v1/killswitch", Some(&env.user_token()))
         .await;
     assert_error(&status, 403, "forbidden");
+    // The JWKS was fetched once and cached across every call above.
+    let fetches = env
+        .issuer
+        .jwks_fetches
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(fetches, 1);
     server.stop().await;
 }
 
