@@ -333,13 +333,19 @@ pub fn on_body(
     })
 }
 
-/// GET /v1/models passes through, to the upstream of the `default` alias's first target
-/// (else the first alias's): a model list needs no decision, only somewhere to ask.
+/// GET /v1/models passes through, to the upstream of the `default` alias's first target,
+/// else the first alias (by name) whose first target speaks the Anthropic wire (Claude
+/// Code is the client that lists models), else any: a model list needs no decision, only
+/// somewhere to ask.
 fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
+    let anthropic = |t: &&halo_policy::types::Target| {
+        route::can_serve(snap, t, WireProtocol::AnthropicMessages)
+    };
     let target = snap
         .models
         .get("default")
         .and_then(|t| t.first())
+        .or_else(|| snap.models.values().filter_map(|t| t.first()).find(anthropic))
         .or_else(|| snap.models.values().find_map(|t| t.first()));
     let Some(target) = target else {
         let mut r = Reply::error(503, "no_available_target", "the policy routes no model");
