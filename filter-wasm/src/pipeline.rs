@@ -345,7 +345,12 @@ fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
         .models
         .get("default")
         .and_then(|t| t.first())
-        .or_else(|| snap.models.values().filter_map(|t| t.first()).find(anthropic))
+        .or_else(|| {
+            snap.models
+                .values()
+                .filter_map(|t| t.first())
+                .find(anthropic)
+        })
         .or_else(|| snap.models.values().find_map(|t| t.first()));
     let Some(target) = target else {
         let mut r = Reply::error(503, "no_available_target", "the policy routes no model");

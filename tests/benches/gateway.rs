@@ -42,7 +42,7 @@ async fn load(url: String, auth: Option<String>, body: Vec<u8>, conns: usize, se
             let body = body.clone();
             tasks.push(tokio::spawn(async move {
                 // One keep-alive connection per task.
-                let client = reqwest::Client::builder()
+                let client = halo_e2e::client_builder()
                     .pool_max_idle_per_host(1)
                     .build()
                     .expect("client");

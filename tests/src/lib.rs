@@ -47,6 +47,14 @@ async fn serve(router: axum::Router) -> SocketAddr {
     addr
 }
 
+/// A reqwest client builder. The workspace's reqwest brings rustls without a crypto
+/// provider (halo-server installs ring at start); install the same before any client.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    // Err means a provider is already installed: fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
 /// Unix seconds now.
 pub fn now_unix() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
@@ -523,7 +531,7 @@ impl Gateway {
             port,
             base: format!("http://127.0.0.1:{port}"),
             snapshot,
-            client: reqwest::Client::builder()
+            client: client_builder()
                 .timeout(Duration::from_secs(30))
                 .build()
                 .expect("http client"),

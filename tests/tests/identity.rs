@@ -257,16 +257,23 @@ async fn oversize_body_is_413_and_never_reaches_an_upstream() {
 
     // Chunked (no content-length): the filter counts the body as it arrives.
     let port = gw.port;
-    let status = tokio::task::spawn_blocking(move || chunked_post(port, &token, 8)).await.expect("join");
+    let status = tokio::task::spawn_blocking(move || chunked_post(port, &token, 8))
+        .await
+        .expect("join");
     assert_eq!(status, 413);
-    assert_eq!(p.total(), 1, "the chunked oversize request never reached an upstream");
+    assert_eq!(
+        p.total(),
+        1,
+        "the chunked oversize request never reached an upstream"
+    );
 }
 
 /// POST /v1/messages with `chunks` chunks of 1 KiB (a body growing past 4 KiB), chunked.
 fn chunked_post(port: u16, auth: &str, chunks: usize) -> u16 {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).expect("timeout");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
     let head = format!(
         "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     );
@@ -275,7 +282,9 @@ fn chunked_post(port: u16, auth: &str, chunks: usize) -> u16 {
     let _ = s.write_all(format!("{:x}\r\n{first}\r\n", first.len()).as_bytes());
     for _ in 0..chunks {
         let chunk = "x".repeat(1024);
-        if s.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes()).is_err() {
+        if s.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes())
+            .is_err()
+        {
             break;
         }
     }

@@ -62,7 +62,7 @@ impl Setup {
     /// `alias`, over a fresh connection (so any worker may take it).
     async fn route(&self, user: &str, groups: &[&str], alias: &str) -> (String, Option<String>) {
         let token = bearer(&self.issuer.token(user, groups));
-        let client = reqwest::Client::new();
+        let client = client_builder().build().expect("client");
         let resp = client
             .post(format!("{}/v1/messages", self.gw.base))
             .header("authorization", token)
