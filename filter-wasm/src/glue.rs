@@ -274,7 +274,7 @@ impl Http {
         let user = claim(&cfg.identity.user_claim).and_then(|b| String::from_utf8(b).ok())?;
         let email_verified = claim("email_verified").map(|b| b == [1] || b == b"true");
         let groups = claim(&cfg.identity.groups_claim)
-            .map(|b| parse_string_list(&b))
+            .map(|b| crate::claims::parse_string_list(&b))
             .unwrap_or_default();
         Some(VerifiedClaims {
             user: Some(user),
@@ -353,45 +353,6 @@ fn unavailable() -> Reply {
         body: br#"{"type":"error","error":{"type":"policy_unavailable","message":"the halo filter has no policy"}}"#.to_vec(),
         reason: "config",
     }
-}
-
-/// A list claim as Envoy serializes it for a property (count, lengths, NUL-terminated
-/// strings), or a plain string claim (one group).
-fn parse_string_list(bytes: &[u8]) -> Vec<String> {
-    if let Some(list) = parse_pairs(bytes) {
-        return list;
-    }
-    String::from_utf8(bytes.to_vec())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .map(|s| vec![s])
-        .unwrap_or_default()
-}
-
-fn parse_pairs(bytes: &[u8]) -> Option<Vec<String>> {
-    let u32_at = |i: usize| -> Option<usize> {
-        let b = bytes.get(i..i + 4)?;
-        usize::try_from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok()
-    };
-    let n = u32_at(0)?;
-    if n > 10_000 {
-        return None;
-    }
-    // Header: count, then (key length, value length) per pair; then key\0value\0 ...
-    let mut lens = Vec::with_capacity(n);
-    for i in 0..n {
-        lens.push((u32_at(4 + i * 8)?, u32_at(8 + i * 8)?));
-    }
-    let mut at = 4 + n * 8;
-    let mut out = Vec::with_capacity(n);
-    for (klen, vlen) in lens {
-        let key = bytes.get(at..at + klen)?;
-        at += klen + 1;
-        let _value = bytes.get(at..at + vlen)?;
-        at += vlen + 1;
-        out.push(String::from_utf8(key.to_vec()).ok()?);
-    }
-    (at == bytes.len()).then_some(out)
 }
 
 impl Context for Http {}

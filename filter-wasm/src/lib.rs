@@ -7,11 +7,14 @@
 //! - [`killstate`]: the kill list in force (poll results, lists shared by other workers).
 //! - [`metrics`]: metric names with tags.
 //! - [`cidr`]: trusted proxy prefixes.
+//! - [`claims`]: verified claims as Envoy serializes them.
+//! - [`splice`]: the model rewrite without a second parse.
 //!
 //! This file only moves data: Envoy headers, properties and bodies into those functions,
 //! their answers back into Envoy. Nothing here logs a header, a body or a user.
 
 pub mod cidr;
+pub mod claims;
 pub mod config;
 pub mod hygiene;
 pub mod killstate;
