@@ -1,5 +1,6 @@
 //! The committed envoy/standalone.yaml is a configuration the real Envoy accepts
-//! (`envoy --mode validate`, which also loads the wasm module).
+//! (`envoy --mode validate`, which also loads the wasm module), and a configuration the
+//! filter refuses stops Envoy with the reason.
 
 use std::process::Command;
 
@@ -24,7 +25,54 @@ fn committed_standalone_bootstrap_validates_in_envoy() {
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("halo-e2e-validate-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("halo-e2e-bootstrap-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
+}
+
+/// A configuration the filter refuses stops Envoy at startup (the plugin fails closed),
+/// with one log line naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_filter_configuration_refuses_to_start_naming_the_field() {
+    let issuer = halo_e2e::Issuer::start().await;
+    let providers = halo_e2e::Providers::start().await;
+    let snap = halo_e2e::test_snapshot(&issuer.url, &providers);
+    let admin = halo_testkit::free_port();
+    let opts = halo_envoy_config::bootstrap::Standalone {
+        listen_address: "127.0.0.1".into(),
+        listen_port: halo_testkit::free_port(),
+        admin_address: "127.0.0.1".into(),
+        admin_port: admin,
+        wasm_path: halo_testkit::filter_wasm().display().to_string(),
+        jwks_uri: None,
+        settings: serde_json::json!({"identity": {"trustedProxyCIDRs": ["10.0.0.0/33"]}}),
+        killswitch_url: None,
+    };
+    let doc = halo_envoy_config::bootstrap::standalone(&snap, &opts).expect("render");
+    let dir = tempfile_dir();
+    let path = dir.join("bad.yaml");
+    std::fs::write(&path, halo_envoy_config::yaml::to_yaml(&doc)).expect("write");
+    let log = dir.join("envoy.log");
+    let mut child = Command::new(halo_testkit::envoy::envoy_binary())
+        .arg("-c")
+        .arg(&path)
+        .args(["--concurrency", "1", "--disable-hot-restart"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start envoy");
+    let status = halo_testkit::wait_until(
+        "Envoy to refuse the plugin and exit",
+        std::time::Duration::from_secs(60),
+        || child.try_wait().ok().flatten(),
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!status.success(), "{text}");
+    assert!(
+        text.contains("halo filter configuration refused: settings.identity.trustedProxyCIDRs[0]"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
