@@ -2,11 +2,12 @@
 //!
 //! Policy commands work on a policy repo directory: `validate`, `gateway compile` and
 //! `gateway routes`; `keys generate` makes the ed25519 key pairs that sign releases and
-//! kill lists. Exit codes: 0 success, 1 an invalid policy or a failed operation,
-//! 2 a usage error.
+//! kill lists; `kill`, `unkill` and `killswitch status` call halo-server's admin API.
+//! Exit codes: 0 success, 1 an invalid policy or a failed operation, 2 a usage error.
 
 mod gateway;
 mod keys;
+mod killswitch;
 mod policy_dir;
 mod release;
 
@@ -31,6 +32,10 @@ Examples:
   halo keys generate --name killswitch --out-dir keys/
   halo release publish --policy-dir examples/acme-corp --ring canary --release-version 1.0.0 \
       --key keys/release.key --registry 127.0.0.1:5000/acme/halos
+  HALO_TOKEN=$(cat admin.jwt) halo kill experiment sonnet-bedrock-canary \
+      --reason 'error rate 12%' --server https://halo.acme.internal
+  halo unkill toggle deep-reasoning --reason fixed --server URL --token-file admin.jwt
+  halo killswitch status --server URL --token-file admin.jwt
 
 Exit status: 0 success, 1 invalid policy or failed operation, 2 usage error.";
 
@@ -57,6 +62,15 @@ enum Command {
         #[command(subcommand)]
         command: release::ReleaseCommand,
     },
+    /// Kill an experiment or toggle now, through halo-server (back to control).
+    Kill(killswitch::ChangeArgs),
+    /// Lift a kill through halo-server.
+    Unkill(killswitch::ChangeArgs),
+    /// The kill switch on halo-server.
+    Killswitch {
+        #[command(subcommand)]
+        command: killswitch::KillswitchCommand,
+    },
 }
 
 /// How a command failed.
@@ -81,6 +95,9 @@ fn main() -> ExitCode {
         Command::Gateway { command } => gateway::run(command),
         Command::Keys { command } => keys::run(command),
         Command::Release { command } => release::run(command),
+        Command::Kill(args) => killswitch::change(args, true),
+        Command::Unkill(args) => killswitch::change(args, false),
+        Command::Killswitch { command } => killswitch::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
