@@ -759,9 +759,7 @@ impl Agent {
                 return None;
             }
         };
-        let Some(new) = self.kill.clone() else {
-            return None;
-        };
+        let new = self.kill.clone()?;
         match react(held.as_ref(), &new, self.state.assignment.as_ref()) {
             KillAction::Nothing => None,
             KillAction::ApplyRingRelease => match self.cache.clone() {
