@@ -1,0 +1,318 @@
+//! The state-of-the-world ADS server over a [`SnapshotCache`].
+//!
+//! One task per stream. It answers each request and, when the cache changes, pushes every
+//! subscribed type whose version moved, in [`type_url::PUSH_ORDER`] (clusters first).
+//!
+//! ACK and NACK are told apart by `error_detail`, never by comparing versions: a request
+//! answering our latest nonce with `error_detail` set is a NACK. The rejected version is
+//! logged with Envoy's reason, counted, recorded in the status view, and then held: it is
+//! not sent again on this stream until the snapshot changes (go-control-plane compared
+//! versions and re-sent rejected configs in a loop, its issues 582 and 794). Envoy keeps
+//! serving the last version it accepted. A request answering an older nonce is stale and
+//! ignored, as the xDS protocol says.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::cache::{SnapshotCache, type_url};
+
+/// Errors serving ADS.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("ADS server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The ADS gRPC service, for a host that composes its own tonic server.
+pub fn service(cache: SnapshotCache) -> AggregatedDiscoveryServiceServer<AdsService> {
+    AggregatedDiscoveryServiceServer::new(AdsService { cache })
+        // Envoy's NACK carries a reason; a whole-config NACK can be large.
+        .max_decoding_message_size(16 * 1024 * 1024)
+}
+
+/// Serve ADS on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, cache: SnapshotCache) -> Result<(), ServeError> {
+    serve_with_shutdown(listener, cache, std::future::pending()).await
+}
+
+/// Serve ADS on `listener` until `shutdown` completes; open streams are then closed.
+pub async fn serve_with_shutdown(
+    listener: TcpListener,
+    cache: SnapshotCache,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    tonic::transport::Server::builder()
+        // Find Envoys that vanished without closing their connection.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(service(cache))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// The tonic service implementation; see [`service`].
+#[derive(Debug, Clone)]
+pub struct AdsService {
+    cache: SnapshotCache,
+}
+
+type ResponseStream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsService {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut requests = request.into_inner();
+        // The first request names the node; without an id there is nothing to serve.
+        let first = match requests.message().await? {
+            Some(first) => first,
+            None => return Err(Status::cancelled("stream closed before its first request")),
+        };
+        let node = first
+            .node
+            .as_ref()
+            .map(|n| n.id.clone())
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| Status::invalid_argument("the first request must carry node.id"))?;
+        let (tx, rx) = mpsc::channel(8);
+        let cache = self.cache.clone();
+        tokio::spawn(async move {
+            cache.stream_opened(&node);
+            let mut stream = StreamState::new(cache.clone(), node.clone(), tx);
+            stream.run(first, requests).await;
+            cache.stream_closed(&node);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented(
+            "incremental xDS is not served; use state-of-the-world ADS (api_type: GRPC)",
+        ))
+    }
+}
+
+/// What a stream subscribed to for one type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Subscription {
+    All,
+    Names(BTreeSet<String>),
+}
+
+#[derive(Debug)]
+struct TypeState {
+    subscription: Subscription,
+    /// The version and nonce of our latest response of this type.
+    sent_version: Option<String>,
+    nonce: String,
+}
+
+struct StreamState {
+    cache: SnapshotCache,
+    node: String,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    types: HashMap<String, TypeState>,
+    next_nonce: u64,
+}
+
+impl StreamState {
+    fn new(
+        cache: SnapshotCache,
+        node: String,
+        tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    ) -> StreamState {
+        StreamState {
+            cache,
+            node,
+            tx,
+            types: HashMap::new(),
+            next_nonce: 0,
+        }
+    }
+
+    async fn run(&mut self, first: DiscoveryRequest, mut requests: Streaming<DiscoveryRequest>) {
+        let mut changed = self.cache.subscribe();
+        changed.mark_unchanged();
+        if self.handle(first).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::select! {
+                req = requests.message() => match req {
+                    Ok(Some(req)) => {
+                        if self.handle(req).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(status) => {
+                        tracing::debug!(node = %self.node, code = ?status.code(), "ADS stream ended");
+                        return;
+                    }
+                },
+                res = changed.changed() => {
+                    if res.is_err() || self.push_changes().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answer one request. Err means the client is gone.
+    async fn handle(&mut self, req: DiscoveryRequest) -> Result<(), Closed> {
+        let type_url = req.type_url.clone();
+        if type_url.is_empty() {
+            tracing::warn!(node = %self.node, "ADS request without type_url ignored");
+            return Ok(());
+        }
+        let subscription = if type_url::is_wildcard(&type_url)
+            && (req.resource_names.is_empty() || req.resource_names.iter().any(|n| n == "*"))
+        {
+            Subscription::All
+        } else {
+            Subscription::Names(req.resource_names.iter().cloned().collect())
+        };
+        let short = type_url::short(&type_url).to_string();
+
+        let Some(state) = self.types.get_mut(&type_url) else {
+            // First request of this type on this stream: answer with what we have.
+            self.types.insert(
+                type_url.clone(),
+                TypeState {
+                    subscription,
+                    sent_version: None,
+                    nonce: String::new(),
+                },
+            );
+            return self.send(&type_url, true).await;
+        };
+
+        if !req.response_nonce.is_empty() {
+            if req.response_nonce != state.nonce {
+                self.cache.metrics().stale.inc();
+                tracing::debug!(node = %self.node, type_url = %short, "stale nonce ignored");
+                return Ok(());
+            }
+            let sent = state.sent_version.clone().unwrap_or_default();
+            match &req.error_detail {
+                Some(err) => {
+                    // Envoy's reason describes our resource; it holds no secrets of ours
+                    // (resources carry credential references, never values).
+                    tracing::warn!(
+                        node = %self.node,
+                        type_url = %short,
+                        rejected = %sent,
+                        serving = %req.version_info,
+                        reason = %err.message,
+                        "Envoy rejected a config; holding until the snapshot changes"
+                    );
+                    self.cache
+                        .record_nack(&self.node, &type_url, &sent, &err.message);
+                }
+                None => {
+                    tracing::debug!(node = %self.node, type_url = %short, version = %req.version_info, "ACK");
+                    self.cache
+                        .record_ack(&self.node, &type_url, &req.version_info);
+                }
+            }
+        }
+
+        if state.subscription != subscription {
+            state.subscription = subscription;
+            return self.send(&type_url, true).await;
+        }
+        Ok(())
+    }
+
+    /// After a cache change: every subscribed type whose version moved, clusters first.
+    async fn push_changes(&mut self) -> Result<(), Closed> {
+        let mut order: Vec<String> = type_url::PUSH_ORDER
+            .iter()
+            .filter(|t| self.types.contains_key(**t))
+            .map(|t| t.to_string())
+            .collect();
+        let mut others: Vec<String> = self
+            .types
+            .keys()
+            .filter(|t| !type_url::PUSH_ORDER.contains(&t.as_str()))
+            .cloned()
+            .collect();
+        others.sort();
+        order.extend(others);
+        for t in order {
+            self.send(&t, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Send the current resources of `type_url` if its version differs from the last one
+    /// sent (or always, with `force`: a new subscription needs an answer).
+    async fn send(&mut self, type_url: &str, force: bool) -> Result<(), Closed> {
+        let Some(snapshot) = self.cache.snapshot_for(&self.node) else {
+            return Ok(()); // Nothing set yet: Envoy waits, and we push on the first set.
+        };
+        let Some(state) = self.types.get_mut(type_url) else {
+            return Ok(());
+        };
+        let set = snapshot.get(type_url);
+        if !force && state.sent_version.as_deref() == Some(set.version.as_str()) {
+            return Ok(());
+        }
+        let resources: Vec<_> = match &state.subscription {
+            Subscription::All => set.resources.iter().map(|r| r.body.clone()).collect(),
+            Subscription::Names(names) => set
+                .resources
+                .iter()
+                .filter(|r| names.contains(&r.name))
+                .map(|r| r.body.clone())
+                .collect(),
+        };
+        // A named subscription with nothing to offer yet gets no answer: an empty
+        // response would tell Envoy the resource does not exist.
+        if resources.is_empty() && matches!(state.subscription, Subscription::Names(_)) {
+            return Ok(());
+        }
+        self.next_nonce += 1;
+        let nonce = self.next_nonce.to_string();
+        state.sent_version = Some(set.version.clone());
+        state.nonce = nonce.clone();
+        let response = DiscoveryResponse {
+            version_info: set.version.clone(),
+            resources,
+            type_url: type_url.to_string(),
+            nonce,
+            ..DiscoveryResponse::default()
+        };
+        self.tx.send(Ok(response)).await.map_err(|_| Closed)?;
+        self.cache.record_sent(&self.node, type_url, &set.version);
+        tracing::debug!(node = %self.node, type_url = %type_url::short(type_url), version = %set.version, "pushed");
+        Ok(())
+    }
+}
+
+/// The response channel is closed: the client went away.
+struct Closed;
