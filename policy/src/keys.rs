@@ -48,6 +48,13 @@ pub fn public_key_from_pem(pem: &str) -> Result<ed25519_compact::PublicKey, KeyE
     Ok(key)
 }
 
+/// A key's id: lowercase hex sha256 of the 32 raw public-key bytes. Revocation lists
+/// (halod's `revokedKeys`) and logs name keys by id, never by content.
+pub fn key_id(key: &ed25519_compact::PublicKey) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(key.as_ref()))
+}
+
 #[cfg(feature = "sign")]
 pub use signing::{KeyPair, generate, signing_key_from_pem};
 

@@ -689,3 +689,14 @@ mod sign {
         );
     }
 }
+
+#[test]
+fn key_id_is_the_sha256_of_the_raw_public_key() {
+    let pem = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n-----END PUBLIC KEY-----\n";
+    let key = halo_policy::keys::public_key_from_pem(pem).expect("RFC 8410 example key");
+    // Pinned: revocation lists in the field name keys by this id.
+    assert_eq!(
+        halo_policy::keys::key_id(&key),
+        "e744c0791320c3285460eddb523f14c88d857ada46b97a5690d88cf978b9191f"
+    );
+}

