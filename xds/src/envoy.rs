@@ -7,7 +7,7 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     },
 };
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, Metadata, SocketAddress,
+    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, SocketAddress,
     TransportSocket, address, config_source::ConfigSourceSpecifier, data_source,
     socket_address::PortSpecifier, transport_socket,
 };
@@ -32,7 +32,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::google::protobuf::{
-    Any, Duration, Struct, UInt32Value, Value, value::Kind,
+    Any, Duration, UInt32Value, Value, value::Kind,
 };
 use envoy_types::pb::envoy::config::core::v3::Address;
 use envoy_types::pb::envoy::config::route::v3::RetryPolicy;
@@ -87,7 +87,13 @@ fn socket(host: &str, port: u16) -> Address {
 pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
     let mut out = Vec::new();
     for t in &plan.targets {
-        out.push(Resource::new(&t.name, &target_cluster(t, upstream_ca_file)));
+        out.push(Resource {
+            name: t.name.clone(),
+            body: Any {
+                type_url: Cluster::type_url(),
+                value: target_cluster_bytes(t, upstream_ca_file),
+            },
+        });
     }
     for a in &plan.aggregates {
         out.push(Resource::new(&a.name, &aggregate_cluster(a)));
@@ -97,30 +103,68 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
     out
 }
 
-/// A one-endpoint cluster whose outlier detection is the target's breaker.
-pub fn target_cluster(t: &TargetPlan, upstream_ca_file: &str) -> Cluster {
-    let metadata = Struct {
-        fields: [
-            ("upstream", t.upstream.as_str()),
-            ("kind", t.kind.as_str()),
-            ("model", t.model.as_str()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), string(v)))
-        .collect(),
-    };
-    let endpoint = LbEndpoint {
+/// A one-endpoint cluster whose outlier detection is the target's breaker, encoded.
+///
+/// Encoded by hand around the endpoint metadata: prost holds protobuf maps (Metadata,
+/// Struct) in a HashMap, whose order changes from one build of the value to the next,
+/// and the cache versions a type by the digest of its bytes. So the metadata is written
+/// with sorted keys and spliced in; protobuf allows fields in any order.
+pub fn target_cluster_bytes(t: &TargetPlan, upstream_ca_file: &str) -> Vec<u8> {
+    let mut fields = vec![
+        ("kind", t.kind.as_str()),
+        ("model", t.model.as_str()),
+        ("upstream", t.upstream.as_str()),
+    ];
+    fields.sort();
+    let mut st = Vec::new();
+    for (k, v) in fields {
+        let mut entry = Vec::new();
+        len_delimited(1, k.as_bytes(), &mut entry);
+        len_delimited(2, &string(v).encode_to_vec(), &mut entry);
+        len_delimited(1, &entry, &mut st);
+    }
+    let mut md_entry = Vec::new();
+    len_delimited(1, METADATA_NAMESPACE.as_bytes(), &mut md_entry);
+    len_delimited(2, &st, &mut md_entry);
+    let mut metadata = Vec::new();
+    len_delimited(1, &md_entry, &mut metadata);
+
+    let mut lb_endpoint = LbEndpoint {
         host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
             address: Some(socket(&t.host, t.port)),
             hostname: t.host.clone(),
             ..Endpoint::default()
         })),
-        metadata: Some(Metadata {
-            filter_metadata: [(METADATA_NAMESPACE.to_string(), metadata)].into(),
-            ..Metadata::default()
-        }),
         ..LbEndpoint::default()
-    };
+    }
+    .encode_to_vec();
+    len_delimited(3, &metadata, &mut lb_endpoint); // LbEndpoint.metadata
+    let mut locality = LocalityLbEndpoints::default().encode_to_vec();
+    len_delimited(2, &lb_endpoint, &mut locality); // LocalityLbEndpoints.lb_endpoints
+    let mut assignment = ClusterLoadAssignment {
+        cluster_name: t.name.clone(),
+        ..ClusterLoadAssignment::default()
+    }
+    .encode_to_vec();
+    len_delimited(2, &locality, &mut assignment); // ClusterLoadAssignment.endpoints
+    let mut cluster = target_cluster_without_endpoint(t, upstream_ca_file).encode_to_vec();
+    len_delimited(33, &assignment, &mut cluster); // Cluster.load_assignment
+    cluster
+}
+
+fn len_delimited(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
+    prost::encoding::encode_key(tag, prost::encoding::WireType::LengthDelimited, out);
+    prost::encoding::encode_varint(bytes.len() as u64, out);
+    out.extend_from_slice(bytes);
+}
+
+/// The target's cluster as a value (decoded from [`target_cluster_bytes`]).
+pub fn target_cluster(t: &TargetPlan, upstream_ca_file: &str) -> Cluster {
+    Cluster::decode(target_cluster_bytes(t, upstream_ca_file).as_slice())
+        .unwrap_or_else(|_| target_cluster_without_endpoint(t, upstream_ca_file))
+}
+
+fn target_cluster_without_endpoint(t: &TargetPlan, upstream_ca_file: &str) -> Cluster {
     let discovery = if t.resolve {
         DiscoveryType::LogicalDns
     } else {
@@ -164,14 +208,6 @@ pub fn target_cluster(t: &TargetPlan, upstream_ca_file: &str) -> Cluster {
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery as i32)),
         dns_lookup_family: DnsLookupFamily::V4Preferred as i32,
         connect_timeout: Some(seconds(t.connect_timeout_seconds)),
-        load_assignment: Some(ClusterLoadAssignment {
-            cluster_name: t.name.clone(),
-            endpoints: vec![LocalityLbEndpoints {
-                lb_endpoints: vec![endpoint],
-                ..LocalityLbEndpoints::default()
-            }],
-            ..ClusterLoadAssignment::default()
-        }),
         outlier_detection: Some(OutlierDetection {
             consecutive_5xx: Some(UInt32Value {
                 value: t.breaker.consecutive_failures,
