@@ -25,8 +25,7 @@ use crate::metrics::Metrics;
 /// The type URLs the server knows, and the order a change is pushed in.
 pub mod type_url {
     pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-    pub const ENDPOINT: &str =
-        "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
     pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
     pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
     /// ECDS: a filter's configuration, discovered on its own.

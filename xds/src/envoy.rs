@@ -2,28 +2,27 @@
 
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, OutlierDetection,
-    cluster::{
-        ClusterDiscoveryType, CustomClusterType, DiscoveryType, DnsLookupFamily, LbPolicy,
-    },
+    cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, DnsLookupFamily, LbPolicy},
 };
+use envoy_types::pb::envoy::config::core::v3::Address;
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, SocketAddress,
-    TransportSocket, address, config_source::ConfigSourceSpecifier, data_source,
-    socket_address::PortSpecifier, transport_socket,
+    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, SocketAddress, TransportSocket,
+    address, config_source::ConfigSourceSpecifier, data_source, socket_address::PortSpecifier,
+    transport_socket,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
 };
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+use envoy_types::pb::envoy::config::route::v3::RetryPolicy;
 use envoy_types::pb::envoy::config::route::v3::{
-    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, retry_policy,
-    route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier,
+    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, retry_policy, route::Action,
+    route_action::ClusterSpecifier, route_match::PathSpecifier,
 };
 use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, Rds, http_connection_manager::RouteSpecifier,
-    http_filter,
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager::RouteSpecifier, http_filter,
 };
 use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
@@ -31,11 +30,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
-use envoy_types::pb::google::protobuf::{
-    Any, Duration, UInt32Value, Value, value::Kind,
-};
-use envoy_types::pb::envoy::config::core::v3::Address;
-use envoy_types::pb::envoy::config::route::v3::RetryPolicy;
+use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value, Value, value::Kind};
 use prost::{Message, Name};
 
 use crate::cache::Resource;
@@ -98,8 +93,14 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
     for a in &plan.aggregates {
         out.push(Resource::new(&a.name, &aggregate_cluster(a)));
     }
-    out.push(Resource::new(&plan.listener.name, &listener(&plan.listener)));
-    out.push(Resource::new(&plan.route.name, &route_configuration(&plan.route)));
+    out.push(Resource::new(
+        &plan.listener.name,
+        &listener(&plan.listener),
+    ));
+    out.push(Resource::new(
+        &plan.route.name,
+        &route_configuration(&plan.route),
+    ));
     out
 }
 
@@ -297,7 +298,9 @@ pub fn listener(l: &ListenerPlan) -> Listener {
         stream_idle_timeout: Some(seconds(l.stream_idle_timeout_seconds)),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(any(&Router::default()))),
+            config_type: Some(http_filter::ConfigType::TypedConfig(
+                any(&Router::default()),
+            )),
             ..HttpFilter::default()
         }],
         ..HttpConnectionManager::default()

@@ -54,7 +54,11 @@ impl Metrics {
     pub fn render_prometheus(&self) -> String {
         let mut out = String::new();
         let counters: [(&str, &str, u64); 6] = [
-            ("pushes_total", "Discovery responses sent.", self.pushes.get()),
+            (
+                "pushes_total",
+                "Discovery responses sent.",
+                self.pushes.get(),
+            ),
             ("acks_total", "Responses Envoy accepted.", self.acks.get()),
             (
                 "nacks_total",
@@ -71,7 +75,11 @@ impl Metrics {
                 "Snapshots set by the host.",
                 self.snapshots_set.get(),
             ),
-            ("streams_total", "ADS streams opened.", self.streams_total.get()),
+            (
+                "streams_total",
+                "ADS streams opened.",
+                self.streams_total.get(),
+            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP halo_xds_{name} {help}");

@@ -185,9 +185,9 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         for (alias, route) in routes {
             for target in route {
                 let name = target_cluster(target);
-                if !targets.contains_key(&name) {
-                    let plan = plan_target(snap, settings, alias, target, name.clone())?;
-                    targets.insert(name, plan);
+                if let std::collections::btree_map::Entry::Vacant(slot) = targets.entry(name) {
+                    let name = slot.key().clone();
+                    slot.insert(plan_target(snap, settings, alias, target, name)?);
                 }
             }
             for (first_pick, clusters) in failover_orders(route, alias) {
@@ -274,7 +274,10 @@ fn plan_target(
         _ => return Err(bad_url()),
     };
     let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(bad_url)?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let is_ip = host.parse::<IpAddr>().is_ok();
     Ok(TargetPlan {
@@ -293,8 +296,6 @@ fn plan_target(
     })
 }
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,7 +313,12 @@ mod tests {
 
     #[test]
     fn failover_order_is_pick_then_its_tier_then_later_tiers() {
-        let route = vec![t("a", "p1", 1), t("a", "p0x", 0), t("a", "p0y", 0), t("a", "p2", 2)];
+        let route = vec![
+            t("a", "p1", 1),
+            t("a", "p0x", 0),
+            t("a", "p0y", 0),
+            t("a", "p2", 2),
+        ];
         let orders = failover_orders(&route, "x");
         let models = |i: usize| -> Vec<String> {
             orders[i]
@@ -357,8 +363,13 @@ mod tests {
                 credential: None,
             },
         );
-        assert!(matches!(plan(&snap, &s), Err(TranslateError::BadUrl { .. })));
-        snap.upstreams.get_mut("nope").map(|u| u.url = "http://[::1]:9/v1".into());
+        assert!(matches!(
+            plan(&snap, &s),
+            Err(TranslateError::BadUrl { .. })
+        ));
+        if let Some(u) = snap.upstreams.get_mut("nope") {
+            u.url = "http://[::1]:9/v1".into();
+        }
         let p = plan(&snap, &s).expect("plans");
         assert_eq!((p.targets[0].host.as_str(), p.targets[0].port), ("::1", 9));
         assert!(!p.targets[0].resolve && p.targets[0].tls_sni.is_none());

@@ -29,7 +29,8 @@ fn check_golden(name: &str, actual: &str) {
 }
 
 fn acme() -> halo_policy::Snapshot {
-    let org = halo_policy::load::load_dir(&root().join("examples/acme-corp")).expect("example loads");
+    let org =
+        halo_policy::load::load_dir(&root().join("examples/acme-corp")).expect("example loads");
     halo_policy::compile(&org)
 }
 
@@ -56,10 +57,18 @@ fn acme_corp_translation_is_deterministic_and_complete() {
         plan.targets.iter().map(|t| t.name.as_str()).collect();
     for agg in &plan.aggregates {
         assert!(!agg.clusters.is_empty());
-        assert!(agg.clusters.iter().all(|c| names.contains(c.as_str())), "{}", agg.name);
+        assert!(
+            agg.clusters.iter().all(|c| names.contains(c.as_str())),
+            "{}",
+            agg.name
+        );
     }
     for alias in acme().models.keys() {
-        assert!(plan.aggregates.iter().any(|a| a.name == format!("{alias}-0")));
+        assert!(
+            plan.aggregates
+                .iter()
+                .any(|a| a.name == format!("{alias}-0"))
+        );
     }
     assert_eq!(a.resources[type_url::LISTENER].len(), 1);
     assert_eq!(a.resources[type_url::ROUTE].len(), 1);
@@ -68,5 +77,8 @@ fn acme_corp_translation_is_deterministic_and_complete() {
         max_attempts: 2,
         ..GatewaySettings::default()
     };
-    assert_ne!(snapshot_of(&acme(), &other).expect("translates").version, a.version);
+    assert_ne!(
+        snapshot_of(&acme(), &other).expect("translates").version,
+        a.version
+    );
 }
