@@ -45,7 +45,7 @@ fn policy(generation: u32) -> halo_policy::Snapshot {
         })
         .collect();
     let route = |a: usize| -> Vec<Target> {
-        let changed = generation >= 2 && a % 5 == 0;
+        let changed = generation >= 2 && a.is_multiple_of(5);
         (0..TARGETS_PER_ALIAS)
             .map(|j| Target {
                 upstream: format!("up-{}", (a + j) % UPSTREAMS),
@@ -60,7 +60,9 @@ fn policy(generation: u32) -> halo_policy::Snapshot {
             })
             .collect()
     };
-    let models: Routes = (0..ALIASES).map(|a| (format!("alias-{a:02}"), route(a))).collect();
+    let models: Routes = (0..ALIASES)
+        .map(|a| (format!("alias-{a:02}"), route(a)))
+        .collect();
     let experiments = (0..EXPERIMENTS)
         .map(|e| {
             let alias = e % ALIASES;
@@ -268,7 +270,10 @@ async fn run(clients: usize) {
     let _ = child.wait();
 
     println!("ADS fan-out: {clients} clients, 50 aliases, 200 targets, 30 experiments");
-    println!("  clusters per CDS response      {cds_count} ({} KiB)", cds_bytes / 1024);
+    println!(
+        "  clusters per CDS response      {cds_count} ({} KiB)",
+        cds_bytes / 1024
+    );
     println!("  initial sync, all ACKed        {initial:?} (connect + first push)");
     println!("  change -> all ACKed            {converge:?}");
     println!("  translate (in that time)       {translated}");
@@ -298,8 +303,8 @@ async fn wait_all(progress: &Progress) {
 
 /// One simulated Envoy: subscribes to CDS, LDS and RDS like Envoy does, ACKs everything.
 async fn client(channel: tonic::transport::Channel, node: String, progress: Arc<Progress>) {
-    let mut ads = AggregatedDiscoveryServiceClient::new(channel)
-        .max_decoding_message_size(64 * 1024 * 1024);
+    let mut ads =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 * 1024 * 1024);
     let (tx, rx) = mpsc::channel::<DiscoveryRequest>(8);
     let subscribe = |type_url: &str, names: Vec<String>, node: Option<Node>| DiscoveryRequest {
         node,
@@ -312,12 +317,17 @@ async fn client(channel: tonic::transport::Channel, node: String, progress: Arc<
         cluster: "bench".into(),
         ..Node::default()
     };
-    let _ = tx.send(subscribe(type_url::CLUSTER, vec![], Some(me))).await;
+    let _ = tx
+        .send(subscribe(type_url::CLUSTER, vec![], Some(me)))
+        .await;
     let _ = tx.send(subscribe(type_url::LISTENER, vec![], None)).await;
     let _ = tx
         .send(subscribe(type_url::ROUTE, vec!["halo".into()], None))
         .await;
-    let Ok(response) = ads.stream_aggregated_resources(ReceiverStream::new(rx)).await else {
+    let Ok(response) = ads
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+    else {
         eprintln!("{node}: stream refused");
         return;
     };
