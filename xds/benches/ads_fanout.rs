@@ -24,6 +24,14 @@ use halo_xds::{GatewaySettings, NodeKey, SnapshotCache, snapshot_of, type_url};
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
+/// Knobs for exploring (the child inherits them): HALO_BENCH_ALIASES, HALO_BENCH_EXPERIMENTS.
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 const ALIASES: usize = 50;
 const TARGETS_PER_ALIAS: usize = 4;
 const EXPERIMENTS: usize = 30;
@@ -60,12 +68,13 @@ fn policy(generation: u32) -> halo_policy::Snapshot {
             })
             .collect()
     };
-    let models: Routes = (0..ALIASES)
+    let aliases = knob("HALO_BENCH_ALIASES", ALIASES);
+    let models: Routes = (0..aliases)
         .map(|a| (format!("alias-{a:02}"), route(a)))
         .collect();
-    let experiments = (0..EXPERIMENTS)
+    let experiments = (0..knob("HALO_BENCH_EXPERIMENTS", EXPERIMENTS))
         .map(|e| {
-            let alias = e % ALIASES;
+            let alias = e % aliases;
             let mut treatment = route(alias);
             treatment.reverse();
             treatment.truncate(2);
@@ -269,7 +278,12 @@ async fn run(clients: usize) {
     let _ = child.kill();
     let _ = child.wait();
 
-    println!("ADS fan-out: {clients} clients, 50 aliases, 200 targets, 30 experiments");
+    println!(
+        "ADS fan-out: {clients} clients, {} aliases, {} targets, {} experiments",
+        knob("HALO_BENCH_ALIASES", ALIASES),
+        knob("HALO_BENCH_ALIASES", ALIASES) * TARGETS_PER_ALIAS,
+        knob("HALO_BENCH_EXPERIMENTS", EXPERIMENTS)
+    );
     println!(
         "  clusters per CDS response      {cds_count} ({} KiB)",
         cds_bytes / 1024

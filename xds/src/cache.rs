@@ -11,7 +11,7 @@
 //! last accepted and the last rejection with Envoy's own reason: halo-server exposes it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::google::protobuf::Any;
@@ -130,6 +130,32 @@ pub(crate) struct TypeSet {
     pub version: String,
     digest: [u8; 32],
     pub resources: Vec<Resource>,
+    /// The wildcard response body, encoded on first use and shared by every stream.
+    wire: OnceLock<Arc<Vec<u8>>>,
+}
+
+impl TypeSet {
+    fn new(version: String, digest: [u8; 32], resources: Vec<Resource>) -> TypeSet {
+        TypeSet {
+            version,
+            digest,
+            resources,
+            wire: OnceLock::new(),
+        }
+    }
+
+    /// The response body (all resources) for `type_url`, shared.
+    pub fn wire_body(&self, type_url: &str) -> Arc<Vec<u8>> {
+        self.wire
+            .get_or_init(|| {
+                Arc::new(crate::server::encode_body(
+                    &self.version,
+                    type_url,
+                    self.resources.iter(),
+                ))
+            })
+            .clone()
+    }
 }
 
 /// A snapshot as served: per-type versions resolved.
@@ -144,11 +170,7 @@ impl Cached {
     /// version (so a wildcard subscriber learns that everything of it was removed).
     pub fn get(&self, type_url: &str) -> Arc<TypeSet> {
         self.types.get(type_url).cloned().unwrap_or_else(|| {
-            Arc::new(TypeSet {
-                version: self.version.clone(),
-                digest: [0; 32],
-                resources: Vec::new(),
-            })
+            Arc::new(TypeSet::new(self.version.clone(), [0; 32], Vec::new()))
         })
     }
 }
@@ -265,11 +287,7 @@ impl SnapshotCache {
                 let d = digest(&resources);
                 let set = match previous.as_ref().and_then(|p| p.types.get(&type_url)) {
                     Some(old) if old.digest == d => old.clone(),
-                    _ => Arc::new(TypeSet {
-                        version: snapshot.version.clone(),
-                        digest: d,
-                        resources,
-                    }),
+                    _ => Arc::new(TypeSet::new(snapshot.version.clone(), d, resources)),
                 };
                 (type_url, set)
             })

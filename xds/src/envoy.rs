@@ -318,3 +318,4 @@ pub fn listener(l: &ListenerPlan) -> Listener {
         ..Listener::default()
     }
 }
+

@@ -12,22 +12,22 @@
 //! ignored, as the xDS protocol says.
 
 use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError, http};
+use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::cache::{SnapshotCache, type_url};
+use crate::cache::{Resource, SnapshotCache, type_url};
 
 /// Errors serving ADS.
 #[derive(Debug, thiserror::Error)]
@@ -36,11 +36,10 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// The ADS gRPC service, for a host that composes its own tonic server.
-pub fn service(cache: SnapshotCache) -> AggregatedDiscoveryServiceServer<AdsService> {
-    AggregatedDiscoveryServiceServer::new(AdsService { cache })
-        // Envoy's NACK carries a reason; a whole-config NACK can be large.
-        .max_decoding_message_size(16 * 1024 * 1024)
+/// The ADS gRPC service, for a host that composes its own tonic server
+/// (`Server::builder().add_service(service(cache))`).
+pub fn service(cache: SnapshotCache) -> AdsService {
+    AdsService { cache }
 }
 
 /// Serve ADS on `listener` until the process ends.
@@ -64,54 +63,170 @@ pub async fn serve_with_shutdown(
     Ok(())
 }
 
-/// The tonic service implementation; see [`service`].
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+
+/// `envoy.service.discovery.v3.AggregatedDiscoveryService`, state of the world only.
+///
+/// Written against tonic's server parts rather than envoy-types' generated server so that
+/// responses can be encoded once and shared: a response of a wildcard type is the same
+/// bytes for every node on the same snapshot but its nonce. With the generated (prost)
+/// codec each of 1,000 streams held its own copy of every resource and tonic's encode
+/// buffer grew by doubling to twice the response size; see BENCHMARKS.md. Delta ADS
+/// answers `unimplemented`.
 #[derive(Debug, Clone)]
 pub struct AdsService {
     cache: SnapshotCache,
 }
 
-type ResponseStream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+impl NamedService for AdsService {
+    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+}
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+impl<B> Service<http::Request<B>> for AdsService
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
 
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let mut requests = request.into_inner();
-        // The first request names the node; without an id there is nothing to serve.
-        let first = match requests.message().await? {
-            Some(first) => first,
-            None => return Err(Status::cancelled("stream closed before its first request")),
-        };
-        let node = first
-            .node
-            .as_ref()
-            .map(|n| n.id.clone())
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| Status::invalid_argument("the first request must carry node.id"))?;
-        let (tx, rx) = mpsc::channel(8);
-        let cache = self.cache.clone();
-        tokio::spawn(async move {
-            cache.stream_opened(&node);
-            let mut stream = StreamState::new(cache.clone(), node.clone(), tx);
-            stream.run(first, requests).await;
-            cache.stream_closed(&node);
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
-    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != SOTW_PATH {
+            return Box::pin(async move {
+                Ok(Status::unimplemented(
+                    "only state-of-the-world ADS (StreamAggregatedResources) is served",
+                )
+                .into_http())
+            });
+        }
+        let method = Sotw {
+            cache: self.cache.clone(),
+        };
+        Box::pin(async move {
+            // Envoy's NACK carries a reason; a whole-config NACK can be large.
+            let mut grpc =
+                Grpc::new(AdsCodec).apply_max_message_size_config(Some(16 * 1024 * 1024), None);
+            Ok(grpc.streaming(method, req).await)
+        })
+    }
+}
 
-    async fn delta_aggregated_resources(
-        &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented(
-            "incremental xDS is not served; use state-of-the-world ADS (api_type: GRPC)",
-        ))
+/// A DiscoveryResponse on the wire: fields version_info, resources and type_url encoded
+/// once (shared), then this stream's nonce.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    body: Arc<Vec<u8>>,
+    nonce: String,
+}
+
+/// Encode fields 1 (version_info), 2 (resources) and 4 (type_url) of a DiscoveryResponse.
+pub(crate) fn encode_body<'a>(
+    version: &str,
+    type_url: &str,
+    resources: impl Iterator<Item = &'a Resource> + Clone,
+) -> Vec<u8> {
+    use prost::encoding::{message, string};
+    let version = version.to_string();
+    let type_url = type_url.to_string();
+    let len = string::encoded_len(1, &version)
+        + resources
+            .clone()
+            .map(|r| message::encoded_len(2, &r.body))
+            .sum::<usize>()
+        + string::encoded_len(4, &type_url);
+    let mut out = Vec::with_capacity(len);
+    string::encode(1, &version, &mut out);
+    for r in resources {
+        message::encode(2, &r.body, &mut out);
+    }
+    string::encode(4, &type_url, &mut out);
+    out
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct AdsCodec;
+
+impl Codec for AdsCodec {
+    type Encode = Outgoing;
+    type Decode = DiscoveryRequest;
+    type Encoder = AdsCodec;
+    type Decoder = AdsCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        AdsCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        AdsCodec
+    }
+}
+
+impl Encoder for AdsCodec {
+    type Item = Outgoing;
+    type Error = Status;
+
+    fn encode(&mut self, item: Outgoing, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        use prost::bytes::BufMut;
+        let nonce_len = prost::encoding::string::encoded_len(5, &item.nonce);
+        // One exact reservation: writing piecemeal would grow the buffer by doubling, and
+        // tonic keeps that buffer for the life of the stream.
+        dst.reserve(item.body.len() + nonce_len);
+        dst.put_slice(&item.body);
+        prost::encoding::string::encode(5, &item.nonce, dst);
+        Ok(())
+    }
+}
+
+impl Decoder for AdsCodec {
+    type Item = DiscoveryRequest;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<DiscoveryRequest>, Status> {
+        DiscoveryRequest::decode(src)
+            .map(Some)
+            .map_err(|e| Status::invalid_argument(format!("bad DiscoveryRequest: {e}")))
+    }
+}
+
+struct Sotw {
+    cache: SnapshotCache,
+}
+
+impl StreamingService<DiscoveryRequest> for Sotw {
+    type Response = Outgoing;
+    type ResponseStream = ReceiverStream<Result<Outgoing, Status>>;
+    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<DiscoveryRequest>>) -> Self::Future {
+        let cache = self.cache.clone();
+        Box::pin(async move {
+            let mut requests = request.into_inner();
+            // The first request names the node; without an id there is nothing to serve.
+            let first = match requests.message().await? {
+                Some(first) => first,
+                None => return Err(Status::cancelled("stream closed before its first request")),
+            };
+            let node = first
+                .node
+                .as_ref()
+                .map(|n| n.id.clone())
+                .filter(|id| !id.is_empty())
+                .ok_or_else(|| Status::invalid_argument("the first request must carry node.id"))?;
+            let (tx, rx) = mpsc::channel(4);
+            tokio::spawn(async move {
+                cache.stream_opened(&node);
+                let mut stream = StreamState::new(cache.clone(), node.clone(), tx);
+                stream.run(first, requests).await;
+                cache.stream_closed(&node);
+            });
+            Ok(Response::new(ReceiverStream::new(rx)))
+        })
     }
 }
 
@@ -133,7 +248,7 @@ struct TypeState {
 struct StreamState {
     cache: SnapshotCache,
     node: String,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    tx: mpsc::Sender<Result<Outgoing, Status>>,
     types: HashMap<String, TypeState>,
     next_nonce: u64,
 }
@@ -142,7 +257,7 @@ impl StreamState {
     fn new(
         cache: SnapshotCache,
         node: String,
-        tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+        tx: mpsc::Sender<Result<Outgoing, Status>>,
     ) -> StreamState {
         StreamState {
             cache,
@@ -282,31 +397,23 @@ impl StreamState {
         if !force && state.sent_version.as_deref() == Some(set.version.as_str()) {
             return Ok(());
         }
-        let resources: Vec<_> = match &state.subscription {
-            Subscription::All => set.resources.iter().map(|r| r.body.clone()).collect(),
-            Subscription::Names(names) => set
-                .resources
-                .iter()
-                .filter(|r| names.contains(&r.name))
-                .map(|r| r.body.clone())
-                .collect(),
+        let body = match &state.subscription {
+            Subscription::All => set.wire_body(type_url),
+            Subscription::Names(names) => {
+                let wanted = set.resources.iter().filter(|r| names.contains(&r.name));
+                // A named subscription with nothing to offer yet gets no answer: an
+                // empty response would tell Envoy the resource does not exist.
+                if wanted.clone().next().is_none() {
+                    return Ok(());
+                }
+                Arc::new(encode_body(&set.version, type_url, wanted))
+            }
         };
-        // A named subscription with nothing to offer yet gets no answer: an empty
-        // response would tell Envoy the resource does not exist.
-        if resources.is_empty() && matches!(state.subscription, Subscription::Names(_)) {
-            return Ok(());
-        }
         self.next_nonce += 1;
         let nonce = self.next_nonce.to_string();
         state.sent_version = Some(set.version.clone());
         state.nonce = nonce.clone();
-        let response = DiscoveryResponse {
-            version_info: set.version.clone(),
-            resources,
-            type_url: type_url.to_string(),
-            nonce,
-            ..DiscoveryResponse::default()
-        };
+        let response = Outgoing { body, nonce };
         self.tx.send(Ok(response)).await.map_err(|_| Closed)?;
         self.cache.record_sent(&self.node, type_url, &set.version);
         tracing::debug!(node = %self.node, type_url = %type_url::short(type_url), version = %set.version, "pushed");
