@@ -18,7 +18,7 @@ use envoy_types::pb::google::protobuf::Any;
 use prost::{Message, Name};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use crate::metrics::Metrics;
 
@@ -169,9 +169,10 @@ impl Cached {
     /// The set of `type_url`; a type the snapshot lacks is an empty set at the snapshot's
     /// version (so a wildcard subscriber learns that everything of it was removed).
     pub fn get(&self, type_url: &str) -> Arc<TypeSet> {
-        self.types.get(type_url).cloned().unwrap_or_else(|| {
-            Arc::new(TypeSet::new(self.version.clone(), [0; 32], Vec::new()))
-        })
+        self.types
+            .get(type_url)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(TypeSet::new(self.version.clone(), [0; 32], Vec::new())))
     }
 }
 
@@ -239,7 +240,12 @@ struct Inner {
     changed: watch::Sender<u64>,
     status: Mutex<BTreeMap<String, NodeStatus>>,
     metrics: Metrics,
+    push_permits: Arc<Semaphore>,
 }
+
+/// Streams that may have a push in flight (sent, not yet ACKed) at once; see
+/// [`SnapshotCache::with_push_limit`].
+pub const DEFAULT_PUSH_LIMIT: usize = 100;
 
 impl Default for SnapshotCache {
     fn default() -> Self {
@@ -258,6 +264,13 @@ const MAX_REASON: usize = 2048;
 
 impl SnapshotCache {
     pub fn new() -> SnapshotCache {
+        SnapshotCache::with_push_limit(DEFAULT_PUSH_LIMIT)
+    }
+
+    /// A cache whose server lets at most `limit` streams have a push in flight (sent and
+    /// not yet answered) at once. A change to many Envoys then goes out in waves, bounding
+    /// the server's memory to about `limit` encoded responses in transport buffers.
+    pub fn with_push_limit(limit: usize) -> SnapshotCache {
         let (changed, _) = watch::channel(0);
         SnapshotCache {
             inner: Arc::new(Inner {
@@ -265,6 +278,7 @@ impl SnapshotCache {
                 changed,
                 status: Mutex::new(BTreeMap::new()),
                 metrics: Metrics::default(),
+                push_permits: Arc::new(Semaphore::new(limit.max(1))),
             }),
         }
     }
@@ -329,6 +343,10 @@ impl SnapshotCache {
         map.get(&NodeKey::Node(node.to_string()))
             .or_else(|| map.get(&NodeKey::Default))
             .cloned()
+    }
+
+    pub(crate) fn push_permits(&self) -> Arc<Semaphore> {
+        self.inner.push_permits.clone()
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {

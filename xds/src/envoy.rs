@@ -318,4 +318,3 @@ pub fn listener(l: &ListenerPlan) -> Listener {
         ..Listener::default()
     }
 }
-

@@ -20,7 +20,7 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use prost::Message;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError, http};
@@ -243,7 +243,18 @@ struct TypeState {
     /// The version and nonce of our latest response of this type.
     sent_version: Option<String>,
     nonce: String,
+    /// A send is due: `Some(true)` answers even an unchanged version (new subscription).
+    due: Option<bool>,
+    /// Our latest response awaits its ACK or NACK.
+    in_flight: bool,
 }
+
+/// How long a stream may hold its push permit waiting for ACKs before it lets go.
+const ACK_WAIT: Duration = Duration::from_secs(5);
+
+type Acquire = std::pin::Pin<
+    Box<dyn Future<Output = Result<OwnedSemaphorePermit, tokio::sync::AcquireError>> + Send>,
+>;
 
 struct StreamState {
     cache: SnapshotCache,
@@ -251,6 +262,10 @@ struct StreamState {
     tx: mpsc::Sender<Result<Outgoing, Status>>,
     types: HashMap<String, TypeState>,
     next_nonce: u64,
+    /// Held from a push until every response of it is answered (or ACK_WAIT passes), so
+    /// at most `push_limit` streams have a push in flight: on a change to 1,000 Envoys
+    /// this bounds the encoded responses waiting in transport buffers.
+    permit: Option<(OwnedSemaphorePermit, tokio::time::Instant)>,
 }
 
 impl StreamState {
@@ -265,23 +280,28 @@ impl StreamState {
             tx,
             types: HashMap::new(),
             next_nonce: 0,
+            permit: None,
         }
     }
 
     async fn run(&mut self, first: DiscoveryRequest, mut requests: Streaming<DiscoveryRequest>) {
         let mut changed = self.cache.subscribe();
         changed.mark_unchanged();
-        if self.handle(first).await.is_err() {
-            return;
-        }
+        self.handle(first);
+        let mut acquiring: Option<Acquire> = None;
         loop {
+            let due = self.types.values().any(|t| t.due.is_some());
+            if due && self.permit.is_some() {
+                if self.flush().await.is_err() {
+                    return;
+                }
+            } else if due && acquiring.is_none() {
+                acquiring = Some(Box::pin(self.cache.push_permits().acquire_owned()));
+            }
+            let held_until = self.permit.as_ref().map(|(_, until)| *until);
             tokio::select! {
                 req = requests.message() => match req {
-                    Ok(Some(req)) => {
-                        if self.handle(req).await.is_err() {
-                            return;
-                        }
-                    }
+                    Ok(Some(req)) => self.handle(req),
                     Ok(None) => return,
                     Err(status) => {
                         tracing::debug!(node = %self.node, code = ?status.code(), "ADS stream ended");
@@ -289,20 +309,40 @@ impl StreamState {
                     }
                 },
                 res = changed.changed() => {
-                    if res.is_err() || self.push_changes().await.is_err() {
+                    if res.is_err() {
                         return;
                     }
+                    for t in self.types.values_mut() {
+                        t.due.get_or_insert(false);
+                    }
+                }
+                permit = async { acquiring.as_mut().expect("guarded").await }, if acquiring.is_some() => {
+                    acquiring = None;
+                    let Ok(permit) = permit else { return };
+                    self.permit = Some((permit, tokio::time::Instant::now() + ACK_WAIT));
+                }
+                _ = tokio::time::sleep_until(held_until.unwrap_or_else(tokio::time::Instant::now)), if held_until.is_some() => {
+                    tracing::debug!(node = %self.node, "no ACK in time; push permit released");
+                    self.release();
                 }
             }
         }
     }
 
-    /// Answer one request. Err means the client is gone.
-    async fn handle(&mut self, req: DiscoveryRequest) -> Result<(), Closed> {
+    /// Let the permit go and stop waiting for answers.
+    fn release(&mut self) {
+        self.permit = None;
+        for t in self.types.values_mut() {
+            t.in_flight = false;
+        }
+    }
+
+    /// Take in one request: an ACK or NACK of our latest response, and/or a subscription.
+    fn handle(&mut self, req: DiscoveryRequest) {
         let type_url = req.type_url.clone();
         if type_url.is_empty() {
             tracing::warn!(node = %self.node, "ADS request without type_url ignored");
-            return Ok(());
+            return;
         }
         let subscription = if type_url::is_wildcard(&type_url)
             && (req.resource_names.is_empty() || req.resource_names.iter().any(|n| n == "*"))
@@ -321,17 +361,20 @@ impl StreamState {
                     subscription,
                     sent_version: None,
                     nonce: String::new(),
+                    due: Some(true),
+                    in_flight: false,
                 },
             );
-            return self.send(&type_url, true).await;
+            return;
         };
 
         if !req.response_nonce.is_empty() {
             if req.response_nonce != state.nonce {
                 self.cache.metrics().stale.inc();
                 tracing::debug!(node = %self.node, type_url = %short, "stale nonce ignored");
-                return Ok(());
+                return;
             }
+            state.in_flight = false;
             let sent = state.sent_version.clone().unwrap_or_default();
             match &req.error_detail {
                 Some(err) => {
@@ -358,13 +401,15 @@ impl StreamState {
 
         if state.subscription != subscription {
             state.subscription = subscription;
-            return self.send(&type_url, true).await;
+            state.due = Some(true);
         }
-        Ok(())
+        if self.types.values().all(|t| !t.in_flight) {
+            self.permit = None;
+        }
     }
 
-    /// After a cache change: every subscribed type whose version moved, clusters first.
-    async fn push_changes(&mut self) -> Result<(), Closed> {
+    /// Send every due type, clusters first (type_url::PUSH_ORDER), under the held permit.
+    async fn flush(&mut self) -> Result<(), Closed> {
         let mut order: Vec<String> = type_url::PUSH_ORDER
             .iter()
             .filter(|t| self.types.contains_key(**t))
@@ -379,7 +424,13 @@ impl StreamState {
         others.sort();
         order.extend(others);
         for t in order {
-            self.send(&t, false).await?;
+            let Some(force) = self.types.get_mut(&t).and_then(|s| s.due.take()) else {
+                continue;
+            };
+            self.send(&t, force).await?;
+        }
+        if self.types.values().all(|t| !t.in_flight) {
+            self.permit = None;
         }
         Ok(())
     }
@@ -413,6 +464,7 @@ impl StreamState {
         let nonce = self.next_nonce.to_string();
         state.sent_version = Some(set.version.clone());
         state.nonce = nonce.clone();
+        state.in_flight = true;
         let response = Outgoing { body, nonce };
         self.tx.send(Ok(response)).await.map_err(|_| Closed)?;
         self.cache.record_sent(&self.node, type_url, &set.version);

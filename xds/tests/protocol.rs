@@ -281,3 +281,25 @@ async fn a_stream_without_a_node_id_is_refused() {
     };
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
 }
+
+#[tokio::test]
+async fn with_a_push_limit_of_one_a_stream_waits_for_the_other_ones_ack() {
+    let cache = SnapshotCache::with_push_limit(1);
+    cache.set(
+        NodeKey::Default,
+        Snapshot::from_resources("v1", [raw(type_url::CLUSTER, "c", b"1")]),
+    );
+    let port = start(&cache).await;
+    let mut a = Client::connect(port, Some("n-a"), type_url::CLUSTER)
+        .await
+        .expect("stream");
+    let first = a.next().await;
+    // a holds the only permit until it answers; b's first response must wait for that.
+    let mut b = Client::connect(port, Some("n-b"), type_url::CLUSTER)
+        .await
+        .expect("stream");
+    let early = tokio::time::timeout(Duration::from_millis(300), b.rx.message()).await;
+    assert!(early.is_err(), "b was answered while a held the permit");
+    a.ack(&first, &[]).await;
+    assert_eq!(b.next().await.version_info, "v1");
+}
