@@ -24,7 +24,8 @@ use halo_xds::{GatewaySettings, NodeKey, SnapshotCache, snapshot_of, type_url};
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-/// Knobs for exploring (the child inherits them): HALO_BENCH_ALIASES, HALO_BENCH_EXPERIMENTS.
+/// Knobs for exploring (the child inherits them): HALO_BENCH_ALIASES,
+/// HALO_BENCH_EXPERIMENTS, HALO_BENCH_PUSH_LIMIT.
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -146,7 +147,10 @@ fn server(port: u16) {
         .enable_all()
         .build()
         .expect("runtime");
-    let cache = SnapshotCache::new();
+    let cache = SnapshotCache::with_push_limit(knob(
+        "HALO_BENCH_PUSH_LIMIT",
+        halo_xds::cache::DEFAULT_PUSH_LIMIT,
+    ));
     cache.set(NodeKey::Default, snapshot(1));
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))

@@ -17,15 +17,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::codec::{DecodeBuf, Decoder};
 use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError, http};
-use tonic::server::{Grpc, NamedService, StreamingService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::server::NamedService;
+use tonic::{Status, Streaming};
 
 use crate::cache::{Resource, SnapshotCache, type_url};
 
@@ -68,12 +69,10 @@ const SOTW_PATH: &str =
 
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService`, state of the world only.
 ///
-/// Written against tonic's server parts rather than envoy-types' generated server so that
-/// responses can be encoded once and shared: a response of a wildcard type is the same
-/// bytes for every node on the same snapshot but its nonce. With the generated (prost)
-/// codec each of 1,000 streams held its own copy of every resource and tonic's encode
-/// buffer grew by doubling to twice the response size; see BENCHMARKS.md. Delta ADS
-/// answers `unimplemented`.
+/// Written on tonic's transport and request decoding, with the response framing by hand
+/// ([`ResponseBody`]), so that a response of a wildcard type is encoded once per (type,
+/// version) and shared by every stream, which adds only its nonce. Delta ADS answers
+/// `unimplemented`.
 #[derive(Debug, Clone)]
 pub struct AdsService {
     cache: SnapshotCache,
@@ -105,22 +104,122 @@ where
                 .into_http())
             });
         }
-        let method = Sotw {
-            cache: self.cache.clone(),
-        };
+        let cache = self.cache.clone();
         Box::pin(async move {
             // Envoy's NACK carries a reason; a whole-config NACK can be large.
-            let mut grpc =
-                Grpc::new(AdsCodec).apply_max_message_size_config(Some(16 * 1024 * 1024), None);
-            Ok(grpc.streaming(method, req).await)
+            let mut requests =
+                Streaming::new_request(AdsCodec, req.into_body(), None, Some(16 * 1024 * 1024));
+            // The first request names the node; without an id there is nothing to serve.
+            let first = match requests.message().await {
+                Ok(Some(first)) => first,
+                Ok(None) => {
+                    return Ok(
+                        Status::cancelled("stream closed before its first request").into_http()
+                    );
+                }
+                Err(status) => return Ok(status.into_http()),
+            };
+            let Some(node) = first
+                .node
+                .as_ref()
+                .map(|n| n.id.clone())
+                .filter(|id| !id.is_empty())
+            else {
+                return Ok(
+                    Status::invalid_argument("the first request must carry node.id").into_http(),
+                );
+            };
+            let (tx, rx) = mpsc::channel(4);
+            tokio::spawn(async move {
+                cache.stream_opened(&node);
+                let mut stream = StreamState::new(cache.clone(), node.clone(), tx);
+                stream.run(first, requests).await;
+                cache.stream_closed(&node);
+            });
+            let mut response = http::Response::new(tonic::body::Body::new(ResponseBody {
+                rx,
+                queued: std::collections::VecDeque::new(),
+                done: false,
+            }));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            Ok(response)
         })
+    }
+}
+
+/// The response body: gRPC length-prefixed messages, each written as three chunks (the
+/// prefix, the shared encoded body, this stream's nonce field) so no stream copies the
+/// resources; then `grpc-status: 0` trailers when the stream task ends.
+///
+/// Written by hand rather than through tonic's encoder because tonic encodes every
+/// message into a per-stream buffer that keeps the largest message's allocation for the
+/// stream's life: 1,000 Envoys held 1,000 copies of the cluster set (BENCHMARKS.md).
+struct ResponseBody {
+    rx: mpsc::Receiver<Outgoing>,
+    queued: std::collections::VecDeque<Bytes>,
+    done: bool,
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        if let Some(chunk) = self.queued.pop_front() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(out)) => {
+                let mut nonce = Vec::new();
+                prost::encoding::string::encode(5, &out.nonce, &mut nonce);
+                let len = out.body.len() + nonce.len();
+                let Ok(len) = u32::try_from(len) else {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(Status::resource_exhausted(
+                        "response larger than 4 GiB",
+                    ))));
+                };
+                let mut prefix = Vec::with_capacity(5);
+                prefix.push(0); // not compressed
+                prefix.extend_from_slice(&len.to_be_bytes());
+                self.queued
+                    .push_back(Bytes::from_owner(SharedBody(out.body)));
+                self.queued.push_back(Bytes::from(nonce));
+                Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(prefix)))))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// An encoded body shared between streams, viewed as bytes.
+struct SharedBody(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 
 /// A DiscoveryResponse on the wire: fields version_info, resources and type_url encoded
 /// once (shared), then this stream's nonce.
 #[derive(Debug, Clone)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     body: Arc<Vec<u8>>,
     nonce: String,
 }
@@ -149,39 +248,9 @@ pub(crate) fn encode_body<'a>(
     out
 }
 
+/// Decodes requests with prost (responses are framed by [`ResponseBody`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct AdsCodec;
-
-impl Codec for AdsCodec {
-    type Encode = Outgoing;
-    type Decode = DiscoveryRequest;
-    type Encoder = AdsCodec;
-    type Decoder = AdsCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        AdsCodec
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        AdsCodec
-    }
-}
-
-impl Encoder for AdsCodec {
-    type Item = Outgoing;
-    type Error = Status;
-
-    fn encode(&mut self, item: Outgoing, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        use prost::bytes::BufMut;
-        let nonce_len = prost::encoding::string::encoded_len(5, &item.nonce);
-        // One exact reservation: writing piecemeal would grow the buffer by doubling, and
-        // tonic keeps that buffer for the life of the stream.
-        dst.reserve(item.body.len() + nonce_len);
-        dst.put_slice(&item.body);
-        prost::encoding::string::encode(5, &item.nonce, dst);
-        Ok(())
-    }
-}
 
 impl Decoder for AdsCodec {
     type Item = DiscoveryRequest;
@@ -191,42 +260,6 @@ impl Decoder for AdsCodec {
         DiscoveryRequest::decode(src)
             .map(Some)
             .map_err(|e| Status::invalid_argument(format!("bad DiscoveryRequest: {e}")))
-    }
-}
-
-struct Sotw {
-    cache: SnapshotCache,
-}
-
-impl StreamingService<DiscoveryRequest> for Sotw {
-    type Response = Outgoing;
-    type ResponseStream = ReceiverStream<Result<Outgoing, Status>>;
-    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
-
-    fn call(&mut self, request: Request<Streaming<DiscoveryRequest>>) -> Self::Future {
-        let cache = self.cache.clone();
-        Box::pin(async move {
-            let mut requests = request.into_inner();
-            // The first request names the node; without an id there is nothing to serve.
-            let first = match requests.message().await? {
-                Some(first) => first,
-                None => return Err(Status::cancelled("stream closed before its first request")),
-            };
-            let node = first
-                .node
-                .as_ref()
-                .map(|n| n.id.clone())
-                .filter(|id| !id.is_empty())
-                .ok_or_else(|| Status::invalid_argument("the first request must carry node.id"))?;
-            let (tx, rx) = mpsc::channel(4);
-            tokio::spawn(async move {
-                cache.stream_opened(&node);
-                let mut stream = StreamState::new(cache.clone(), node.clone(), tx);
-                stream.run(first, requests).await;
-                cache.stream_closed(&node);
-            });
-            Ok(Response::new(ReceiverStream::new(rx)))
-        })
     }
 }
 
@@ -259,7 +292,7 @@ type Acquire = std::pin::Pin<
 struct StreamState {
     cache: SnapshotCache,
     node: String,
-    tx: mpsc::Sender<Result<Outgoing, Status>>,
+    tx: mpsc::Sender<Outgoing>,
     types: HashMap<String, TypeState>,
     next_nonce: u64,
     /// Held from a push until every response of it is answered (or ACK_WAIT passes), so
@@ -269,11 +302,7 @@ struct StreamState {
 }
 
 impl StreamState {
-    fn new(
-        cache: SnapshotCache,
-        node: String,
-        tx: mpsc::Sender<Result<Outgoing, Status>>,
-    ) -> StreamState {
+    fn new(cache: SnapshotCache, node: String, tx: mpsc::Sender<Outgoing>) -> StreamState {
         StreamState {
             cache,
             node,
@@ -466,7 +495,7 @@ impl StreamState {
         state.nonce = nonce.clone();
         state.in_flight = true;
         let response = Outgoing { body, nonce };
-        self.tx.send(Ok(response)).await.map_err(|_| Closed)?;
+        self.tx.send(response).await.map_err(|_| Closed)?;
         self.cache.record_sent(&self.node, type_url, &set.version);
         tracing::debug!(node = %self.node, type_url = %type_url::short(type_url), version = %set.version, "pushed");
         Ok(())
