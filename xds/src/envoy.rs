@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener
 use envoy_types::pb::envoy::config::route::v3::RetryPolicy;
 use envoy_types::pb::envoy::config::route::v3::{
     Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, retry_policy, route::Action,
-    route_action::ClusterSpecifier, route_match::PathSpecifier,
+    route_action::ClusterSpecifier, route_action::HostRewriteSpecifier, route_match::PathSpecifier,
 };
 use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
@@ -30,7 +30,9 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
-use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value, Value, value::Kind};
+use envoy_types::pb::google::protobuf::{
+    Any, BoolValue, Duration, UInt32Value, Value, value::Kind,
+};
 use prost::{Message, Name};
 
 use crate::cache::Resource;
@@ -265,6 +267,9 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
         timeout: Some(seconds(0)),
         idle_timeout: Some(seconds(r.idle_timeout_seconds)),
         retry_policy: Some(retry_policy),
+        host_rewrite_specifier: r.auto_host_rewrite.then_some(
+            HostRewriteSpecifier::AutoHostRewrite(BoolValue { value: true }),
+        ),
         ..RouteAction::default()
     };
     RouteConfiguration {
@@ -279,6 +284,7 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
                     ..RouteMatch::default()
                 }),
                 action: Some(Action::Route(action)),
+                request_headers_to_remove: r.request_headers_to_remove.clone(),
                 ..Route::default()
             }],
             ..VirtualHost::default()

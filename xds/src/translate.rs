@@ -112,6 +112,10 @@ pub struct ListenerPlan {
 pub struct RoutePlan {
     pub name: String,
     pub cluster_header: String,
+    /// Set Host to the chosen target's host name (providers route on it).
+    pub auto_host_rewrite: bool,
+    /// Headers that are the gateway's business only, removed before the upstream.
+    pub request_headers_to_remove: Vec<String>,
     pub retry_on: String,
     pub retriable_status_codes: Vec<u32>,
     pub num_retries: u32,
@@ -216,6 +220,8 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         route: RoutePlan {
             name: settings.route_config_name.clone(),
             cluster_header: settings.route_header.clone(),
+            auto_host_rewrite: true,
+            request_headers_to_remove: vec![settings.route_header.clone()],
             // Envoy never retries once response headers went downstream, so a stream
             // that failed mid-body is not retried (invariant 4).
             retry_on: "5xx,connect-failure,retriable-status-codes".into(),

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpListener as StdListener;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -60,6 +60,8 @@ impl Drop for ControlPlane {
 struct Upstream_ {
     port: u16,
     hits: Arc<AtomicU64>,
+    /// The head of the last request, lowercased.
+    last_head: Arc<Mutex<String>>,
 }
 
 fn upstream(name: &'static str, status: u16) -> Upstream_ {
@@ -67,10 +69,13 @@ fn upstream(name: &'static str, status: u16) -> Upstream_ {
     let port = listener.local_addr().expect("addr").port();
     let hits = Arc::new(AtomicU64::new(0));
     let counter = hits.clone();
+    let last_head = Arc::new(Mutex::new(String::new()));
+    let head_slot = last_head.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             let counter = counter.clone();
+            let head_slot = head_slot.clone();
             std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
                 let mut seen = Vec::new();
@@ -81,7 +86,9 @@ fn upstream(name: &'static str, status: u16) -> Upstream_ {
                     }
                     seen.extend_from_slice(&buf[..n]);
                     while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        seen.drain(..end + 4);
+                        let head: Vec<u8> = seen.drain(..end + 4).collect();
+                        *head_slot.lock().unwrap_or_else(|e| e.into_inner()) =
+                            String::from_utf8_lossy(&head).to_ascii_lowercase();
                         counter.fetch_add(1, Ordering::SeqCst);
                         let reply = format!(
                             "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{name}",
@@ -95,7 +102,11 @@ fn upstream(name: &'static str, status: u16) -> Upstream_ {
             });
         }
     });
-    Upstream_ { port, hits }
+    Upstream_ {
+        port,
+        hits,
+        last_head,
+    }
 }
 
 fn target(upstream: &str, model: &str) -> Target {
@@ -230,6 +241,10 @@ fn envoy_boots_from_ads_yaml_serves_and_applies_a_change() {
     // The listener serves: each aggregate leads with its first pick.
     wait_body(listen_port, "m-0", "a");
     assert_eq!(via(listen_port, "m-1"), Some((200, "b".into())));
+    // The upstream sees its own host name and never the internal route header.
+    let head = b.last_head.lock().map(|h| h.clone()).unwrap_or_default();
+    assert!(head.contains("\r\nhost: 127.0.0.1\r\n"), "{head}");
+    assert!(!head.contains("x-halo-route"), "{head}");
     wait_converged(&cache, "gw-1", &v1_version);
     let status = cache.node_status("gw-1").expect("node seen");
     assert_eq!(status.connected_streams, 1);
