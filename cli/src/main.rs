@@ -2,12 +2,14 @@
 //!
 //! Policy commands work on a policy repo directory: `validate`, `gateway compile` and
 //! `gateway routes`; `keys generate` makes the ed25519 key pairs that sign releases and
-//! kill lists. Exit codes: 0 success, 1 an invalid policy or a failed operation,
-//! 2 a usage error.
+//! kill lists; `kill`, `unkill` and `killswitch status` call halo-server's admin API.
+//! Exit codes: 0 success, 1 an invalid policy or a failed operation, 2 a usage error.
 
 mod gateway;
 mod keys;
+mod killswitch;
 mod policy_dir;
+mod release;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +30,12 @@ Examples:
   halo gateway compile --policy-dir examples/acme-corp -o policy.json
   halo gateway routes --user alice@acme.com --session s-42 --policy-dir examples/acme-corp
   halo keys generate --name killswitch --out-dir keys/
+  halo release publish --policy-dir examples/acme-corp --ring canary --release-version 1.0.0 \
+      --key keys/release.key --registry 127.0.0.1:5000/acme/halos
+  HALO_TOKEN=$(cat admin.jwt) halo kill experiment sonnet-bedrock-canary \
+      --reason 'error rate 12%' --server https://halo.acme.internal
+  halo unkill toggle deep-reasoning --reason fixed --server URL --token-file admin.jwt
+  halo killswitch status --server URL --token-file admin.jwt
 
 Exit status: 0 success, 1 invalid policy or failed operation, 2 usage error.";
 
@@ -48,6 +56,20 @@ enum Command {
     Keys {
         #[command(subcommand)]
         command: keys::KeysCommand,
+    },
+    /// Signed releases of harness settings: build, publish, promote, verify.
+    Release {
+        #[command(subcommand)]
+        command: release::ReleaseCommand,
+    },
+    /// Kill an experiment or toggle now, through halo-server (back to control).
+    Kill(killswitch::ChangeArgs),
+    /// Lift a kill through halo-server.
+    Unkill(killswitch::ChangeArgs),
+    /// The kill switch on halo-server.
+    Killswitch {
+        #[command(subcommand)]
+        command: killswitch::KillswitchCommand,
     },
 }
 
@@ -72,6 +94,10 @@ fn main() -> ExitCode {
         Command::Validate { policy_dir } => policy_dir::validate_command(&policy_dir),
         Command::Gateway { command } => gateway::run(command),
         Command::Keys { command } => keys::run(command),
+        Command::Release { command } => release::run(command),
+        Command::Kill(args) => killswitch::change(args, true),
+        Command::Unkill(args) => killswitch::change(args, false),
+        Command::Killswitch { command } => killswitch::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,6 +13,7 @@
 //! - [`assign`]: the single source of hashing (rings, variants, weighted picks).
 //! - [`decide`]: ring, toggles, experiments and shadow for one request.
 //! - [`admit`]: the client wire, operation and alias of a request; the body model rewrite.
+//! - [`profile`]: `extends` resolved into one effective Profile (child overrides parent).
 //! - [`route`]: the failover order of an alias's targets (priority tiers, sticky pick).
 //! - [`cluster_names`]: the Envoy cluster names the translator creates and the filter picks.
 //! - [`killswitch`]: the signed kill list: verify, apply, and (feature `sign`) sign.
@@ -30,6 +31,7 @@ pub mod keys;
 pub mod killswitch;
 #[cfg(feature = "load")]
 pub mod load;
+pub mod profile;
 pub mod route;
 pub mod schema;
 pub mod snapshot;

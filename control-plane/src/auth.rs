@@ -1,0 +1,306 @@
+//! Admin authentication: an OIDC bearer JWT from the policy's identity issuer.
+//!
+//! The token's signature is checked natively (jsonwebtoken) against the issuer's JWKS,
+//! which is found through the issuer's discovery document
+//! (`{issuer}/.well-known/openid-configuration` -> `jwks_uri`) and cached. A token whose
+//! `kid` is not in the cached set triggers one refetch (key rotation), at most every
+//! [`REFETCH_MIN`], so forged kids cannot make the server hammer the IdP. `iss`, `aud`
+//! (identity.audience, else clientID) and `exp` are required. The groups claim
+//! (identity.claims.groups, default `groups`) must contain one of identity.adminGroups:
+//! otherwise 403. Only asymmetric algorithms are accepted, so a JWKS can never be used as
+//! an HMAC secret.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use halo_policy::types::{DEFAULT_GROUPS_CLAIM, DEFAULT_USER_CLAIM, Identity};
+use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, decode, decode_header};
+use serde::Deserialize;
+use tokio::sync::Mutex;
+
+/// A cached JWKS is used for this long before it is fetched again.
+pub const JWKS_TTL: Duration = Duration::from_secs(600);
+/// Minimum time between fetches triggered by an unknown `kid`.
+pub const REFETCH_MIN: Duration = Duration::from_secs(30);
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Clock skew allowed on exp and nbf.
+const LEEWAY_SECS: u64 = 60;
+
+const ALLOWED: [Algorithm; 8] = [
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::PS384,
+    Algorithm::PS512,
+    Algorithm::ES256,
+    Algorithm::EdDSA,
+];
+
+/// A verified administrator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    /// The user claim (default `email`), else `sub`: the actor in the logs.
+    pub user: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// 401: no token, or a token that does not verify.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// 403: a valid token of someone who is not an admin.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 503: the server cannot check tokens (no identity in policy, IdP unreachable).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot read the OIDC CA file {path}: {message}")]
+    CaFile { path: String, message: String },
+    #[error("cannot build the HTTP client for the identity provider: {0}")]
+    Client(String),
+}
+
+/// Install the process-wide TLS crypto provider (ring) once; later calls are no-ops.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// An HTTP client for the identity provider: system roots plus an optional extra CA
+/// (`--oidc-ca-file`, for an IdP behind a private CA).
+pub fn http_client(ca_pem: Option<(&str, &[u8])>) -> Result<reqwest::Client, SetupError> {
+    install_crypto_provider();
+    let mut builder = reqwest::Client::builder()
+        .timeout(FETCH_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none());
+    if let Some((path, pem)) = ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| SetupError::CaFile {
+            path: path.to_string(),
+            message: e.to_string(),
+        })?;
+        if certs.is_empty() {
+            return Err(SetupError::CaFile {
+                path: path.to_string(),
+                message: "no PEM certificate in it".to_string(),
+            });
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| SetupError::Client(e.to_string()))
+}
+
+#[derive(Debug)]
+struct Cache {
+    keys: Option<(Instant, Arc<JwkSet>)>,
+    last_fetch: Option<Instant>,
+}
+
+/// Verifies admin bearer tokens against the policy's identity provider.
+#[derive(Debug)]
+pub struct OidcVerifier {
+    identity: Option<Identity>,
+    http: reqwest::Client,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Deserialize)]
+struct Discovery {
+    issuer: String,
+    jwks_uri: String,
+}
+
+impl OidcVerifier {
+    /// `identity` is the served policy's; `None` makes every admin call 503.
+    pub fn new(identity: Option<Identity>, http: reqwest::Client) -> OidcVerifier {
+        OidcVerifier {
+            identity,
+            http,
+            cache: Mutex::new(Cache {
+                keys: None,
+                last_fetch: None,
+            }),
+        }
+    }
+
+    /// Check an `Authorization` header value and the admin group rule.
+    pub async fn verify_admin(&self, authorization: Option<&str>) -> Result<Admin, AuthError> {
+        let identity = self.identity.as_ref().ok_or_else(|| {
+            AuthError::Unavailable(
+                "the served policy has no identity (halos.yaml identity): the admin API is unavailable"
+                    .to_string(),
+            )
+        })?;
+        let token = bearer(authorization).ok_or_else(|| {
+            AuthError::Unauthenticated(
+                "an admin call needs `Authorization: Bearer <OIDC token>` from the policy's identity issuer"
+                    .to_string(),
+            )
+        })?;
+        let header = decode_header(token)
+            .map_err(|_| AuthError::Unauthenticated("the bearer token is not a JWT".to_string()))?;
+        if !ALLOWED.contains(&header.alg) {
+            return Err(AuthError::Unauthenticated(format!(
+                "JWT algorithm {:?} is not accepted (asymmetric algorithms only)",
+                header.alg
+            )));
+        }
+        let kid = header.kid.clone().unwrap_or_default();
+        let keys = self.keys_for(identity, &kid).await?;
+        let candidates: Vec<_> = keys
+            .keys
+            .iter()
+            .filter(|k| kid.is_empty() || k.common.key_id.as_deref() == Some(kid.as_str()))
+            .filter(|k| !matches!(k.algorithm, AlgorithmParameters::OctetKey(_)))
+            .collect();
+        if candidates.is_empty() {
+            return Err(AuthError::Unauthenticated(
+                "the JWT's key id is not in the issuer's JWKS".to_string(),
+            ));
+        }
+        let mut validation = Validation::new(header.alg);
+        validation.set_issuer(&[identity.issuer.as_str()]);
+        match identity.effective_audience() {
+            Some(aud) => validation.set_audience(&[aud]),
+            None => {
+                return Err(AuthError::Unavailable(
+                    "the policy's identity has no audience or clientID".to_string(),
+                ));
+            }
+        }
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        validation.leeway = LEEWAY_SECS;
+        let mut last_err = None;
+        for jwk in candidates {
+            let Ok(key) = DecodingKey::from_jwk(jwk) else {
+                continue;
+            };
+            match decode::<serde_json::Map<String, serde_json::Value>>(token, &key, &validation) {
+                Ok(data) => return admin_from_claims(identity, &data.claims),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(AuthError::Unauthenticated(match last_err {
+            Some(e) => format!("the JWT does not verify: {e}"),
+            None => "no usable key in the issuer's JWKS for this JWT".to_string(),
+        }))
+    }
+
+    async fn keys_for(&self, identity: &Identity, kid: &str) -> Result<Arc<JwkSet>, AuthError> {
+        let mut cache = self.cache.lock().await;
+        let now = Instant::now();
+        if let Some((at, keys)) = &cache.keys {
+            let fresh = now.duration_since(*at) < JWKS_TTL;
+            let has_kid = kid.is_empty() || keys.find(kid).is_some();
+            let may_refetch = cache
+                .last_fetch
+                .is_none_or(|t| now.duration_since(t) >= REFETCH_MIN);
+            if fresh && (has_kid || !may_refetch) {
+                return Ok(Arc::clone(keys));
+            }
+        }
+        cache.last_fetch = Some(now);
+        match self.fetch(identity).await {
+            Ok(keys) => {
+                let keys = Arc::new(keys);
+                cache.keys = Some((now, Arc::clone(&keys)));
+                Ok(keys)
+            }
+            Err(e) => {
+                // Keep using the last good set: an IdP blip must not lock admins out.
+                if let Some((_, keys)) = &cache.keys {
+                    tracing::warn!(error = %e, "JWKS refresh failed; using the cached keys");
+                    return Ok(Arc::clone(keys));
+                }
+                Err(AuthError::Unavailable(format!(
+                    "cannot fetch the identity provider's keys: {e}"
+                )))
+            }
+        }
+    }
+
+    async fn fetch(&self, identity: &Identity) -> Result<JwkSet, String> {
+        let discovery_url = format!(
+            "{}/.well-known/openid-configuration",
+            identity.issuer.trim_end_matches('/')
+        );
+        let discovery: Discovery = self.get_json(&discovery_url).await?;
+        if discovery.issuer.trim_end_matches('/') != identity.issuer.trim_end_matches('/') {
+            return Err(format!(
+                "the discovery document names issuer {:?}, not the policy's",
+                discovery.issuer
+            ));
+        }
+        if !discovery.jwks_uri.starts_with("https://") {
+            return Err("the discovery document's jwks_uri is not https".to_string());
+        }
+        self.get_json(&discovery.jwks_uri).await
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<T, String> {
+        let resp = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("GET {url}: HTTP {}", resp.status()));
+        }
+        let bytes = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("GET {url}: {e}"))
+    }
+}
+
+fn admin_from_claims(
+    identity: &Identity,
+    claims: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Admin, AuthError> {
+    let claim_names = identity.claims.clone().unwrap_or_default();
+    let groups_claim = claim_names
+        .groups
+        .as_deref()
+        .unwrap_or(DEFAULT_GROUPS_CLAIM);
+    let user_claim = claim_names.user.as_deref().unwrap_or(DEFAULT_USER_CLAIM);
+    let user = claims
+        .get(user_claim)
+        .and_then(|v| v.as_str())
+        .or_else(|| claims.get("sub").and_then(|v| v.as_str()))
+        .unwrap_or("")
+        .to_string();
+    let groups: Vec<&str> = match claims.get(groups_claim) {
+        Some(serde_json::Value::Array(items)) => items.iter().filter_map(|v| v.as_str()).collect(),
+        Some(serde_json::Value::String(one)) => vec![one.as_str()],
+        _ => Vec::new(),
+    };
+    if user.is_empty() {
+        return Err(AuthError::Unauthenticated(format!(
+            "the JWT has neither a {user_claim} nor a sub claim"
+        )));
+    }
+    if !groups
+        .iter()
+        .any(|g| identity.admin_groups.iter().any(|a| a == g))
+    {
+        return Err(AuthError::Forbidden(format!(
+            "not an admin: the {groups_claim} claim contains none of the policy's adminGroups"
+        )));
+    }
+    Ok(Admin { user })
+}
+
+/// The token of an `Authorization: Bearer <token>` header value.
+pub fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let value = authorization?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}

@@ -1,0 +1,328 @@
+//! halo-server's settings: flags, then `HALO_SERVER_<FLAG>` environment variables, then
+//! the YAML file named by `--config`, then defaults, in that order of precedence.
+//!
+//! The YAML keys are the flag names (`data-dir: /var/lib/halo`); an unknown key is an
+//! error naming it, and relative paths in the file are relative to the file's directory.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+pub const DEFAULT_DEVICE_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
+pub const DEFAULT_ENROLLMENT_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
+
+const EXAMPLES: &str = "\
+Examples:
+  # Keys and tokens, once:
+  halo keys generate --name killswitch --out-dir /etc/halo
+  openssl rand -hex 32 > /etc/halo/gateway.token
+  openssl rand -hex 32 > /etc/halo/fleet.token
+
+  # Serve the admin API, enrollment, the fleet endpoints and the signed kill list:
+  halo-server --policy-dir ./policy --data-dir /var/lib/halo \\
+    --killswitch-key-file /etc/halo/killswitch.key \\
+    --gateway-token-file /etc/halo/gateway.token \\
+    --token-file /etc/halo/fleet.token --listen 0.0.0.0:8080
+
+  # The same from a YAML file (keys are the flag names), one value overridden by env:
+  HALO_SERVER_LISTEN=0.0.0.0:8443 halo-server --config /etc/halo/server.yaml
+
+Precedence: flags > HALO_SERVER_<FLAG> environment > --config YAML > defaults.
+/healthz and /metrics are served on --admin-listen (default 127.0.0.1:9090).";
+
+/// halo-server: the Halos web API for admins and fleets, and the signed kill switch.
+#[derive(Debug, Clone, Default, Parser)]
+#[command(name = "halo-server", version, about, after_help = EXAMPLES)]
+pub struct Flags {
+    /// YAML file with any of the settings below (keys are the flag names).
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the API [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Address of /healthz and /metrics [default: 127.0.0.1:9090].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// The policy repo served (halos.yaml and every *.yaml below it); required.
+    #[arg(long, value_name = "DIR", env = "HALO_SERVER_POLICY_DIR")]
+    pub policy_dir: Option<PathBuf>,
+    /// Where the kill log, audit log, enrollments and devices live (append-only JSONL,
+    /// fsynced). Without it nothing survives a restart and the kill switch is off.
+    #[arg(long, value_name = "DIR", env = "HALO_SERVER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// ed25519 private key (PKCS#8 PEM) that signs the kill list; enables the kill
+    /// switch. Requires --data-dir and --gateway-token-file.
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_KILLSWITCH_KEY_FILE")]
+    pub killswitch_key_file: Option<PathBuf>,
+    /// File holding the bearer token gateways present to fetch the kill list (random:
+    /// `openssl rand -hex 32`).
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_GATEWAY_TOKEN_FILE")]
+    pub gateway_token_file: Option<PathBuf>,
+    /// File holding the fleet token MDM and devcontainer fleets present on
+    /// POST /api/v1/fleet/report (random: `openssl rand -hex 32`).
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// How long a device token is valid after enrollment [default: 90d].
+    #[arg(long, value_name = "DURATION", env = "HALO_SERVER_DEVICE_TTL", value_parser = humantime::parse_duration)]
+    pub device_ttl: Option<Duration>,
+    /// How long a one-time enrollment token is valid after it is minted [default: 24h].
+    #[arg(long, value_name = "DURATION", env = "HALO_SERVER_ENROLLMENT_TTL", value_parser = humantime::parse_duration)]
+    pub enrollment_ttl: Option<Duration>,
+    /// Extra CA certificate(s), PEM, trusted when fetching the identity provider's
+    /// discovery document and JWKS (an IdP behind a private CA).
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_OIDC_CA_FILE")]
+    pub oidc_ca_file: Option<PathBuf>,
+    /// Largest request body accepted, in bytes [default: 65536].
+    #[arg(long, value_name = "BYTES", env = "HALO_SERVER_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// The YAML config file: the same settings, keys spelled as the flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+    policy_dir: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    killswitch_key_file: Option<PathBuf>,
+    gateway_token_file: Option<PathBuf>,
+    token_file: Option<PathBuf>,
+    #[serde(default, with = "opt_duration")]
+    device_ttl: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    enrollment_ttl: Option<Duration>,
+    oidc_ca_file: Option<PathBuf>,
+    max_body_bytes: Option<usize>,
+}
+
+mod opt_duration {
+    use serde::{Deserialize, Deserializer, de::Error as _};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map(Some)
+            .map_err(|e| D::Error::custom(format!("{text:?} is not a duration like 90d: {e}")))
+    }
+}
+
+/// The resolved settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub policy_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
+    pub killswitch_key_file: Option<PathBuf>,
+    pub gateway_token_file: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
+    pub device_ttl: Duration,
+    pub enrollment_ttl: Duration,
+    pub oidc_ca_file: Option<PathBuf>,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Yaml { path: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Settings {
+    /// Resolve flags (which already include the environment) over the YAML file over
+    /// defaults, and check the combinations ADR-0009 requires.
+    pub fn resolve(flags: Flags) -> Result<Settings, ConfigError> {
+        let file = match &flags.config {
+            Some(path) => read_file_config(path)?,
+            None => FileConfig::default(),
+        };
+        let policy_dir = flags.policy_dir.or(file.policy_dir).ok_or_else(|| {
+            ConfigError::Invalid(
+                "--policy-dir is required (or HALO_SERVER_POLICY_DIR, or policy-dir in --config)"
+                    .to_string(),
+            )
+        })?;
+        let settings = Settings {
+            listen: flags
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| parse_addr(DEFAULT_LISTEN)),
+            admin_listen: flags
+                .admin_listen
+                .or(file.admin_listen)
+                .unwrap_or_else(|| parse_addr(DEFAULT_ADMIN_LISTEN)),
+            policy_dir,
+            data_dir: flags.data_dir.or(file.data_dir),
+            killswitch_key_file: flags.killswitch_key_file.or(file.killswitch_key_file),
+            gateway_token_file: flags.gateway_token_file.or(file.gateway_token_file),
+            token_file: flags.token_file.or(file.token_file),
+            device_ttl: flags
+                .device_ttl
+                .or(file.device_ttl)
+                .unwrap_or(DEFAULT_DEVICE_TTL),
+            enrollment_ttl: flags
+                .enrollment_ttl
+                .or(file.enrollment_ttl)
+                .unwrap_or(DEFAULT_ENROLLMENT_TTL),
+            oidc_ca_file: flags.oidc_ca_file.or(file.oidc_ca_file),
+            max_body_bytes: flags
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(DEFAULT_MAX_BODY_BYTES),
+        };
+        settings.check()?;
+        Ok(settings)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        match (&self.killswitch_key_file, &self.gateway_token_file) {
+            (Some(_), None) => {
+                return invalid(
+                    "--killswitch-key-file requires --gateway-token-file (gateways present that token to read the kill list)",
+                );
+            }
+            (None, Some(_)) => {
+                return invalid(
+                    "--gateway-token-file is set without --killswitch-key-file: the token only guards the kill list, which needs the key",
+                );
+            }
+            (Some(_), Some(_)) if self.data_dir.is_none() => {
+                return invalid(
+                    "--killswitch-key-file requires --data-dir: kills must survive a restart",
+                );
+            }
+            _ => {}
+        }
+        if self.device_ttl.is_zero() || self.enrollment_ttl.is_zero() {
+            return invalid("--device-ttl and --enrollment-ttl must be positive");
+        }
+        if self.max_body_bytes < 1024 {
+            return invalid("--max-body-bytes must be at least 1024");
+        }
+        Ok(())
+    }
+
+    /// Whether the kill switch is served (key and gateway token both set).
+    pub fn kill_switch_enabled(&self) -> bool {
+        self.killswitch_key_file.is_some() && self.gateway_token_file.is_some()
+    }
+}
+
+fn parse_addr(s: &str) -> SocketAddr {
+    // The defaults are literals that parse.
+    s.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut file: FileConfig = if text.trim().is_empty() {
+        FileConfig::default()
+    } else {
+        serde_saphyr::from_str(&text).map_err(|e| ConfigError::Yaml {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?
+    };
+    let base = path.parent().unwrap_or(Path::new("."));
+    for p in [
+        &mut file.policy_dir,
+        &mut file.data_dir,
+        &mut file.killswitch_key_file,
+        &mut file.gateway_token_file,
+        &mut file.token_file,
+        &mut file.oidc_ca_file,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    }
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Flags {
+        let mut argv = vec!["halo-server"];
+        argv.extend_from_slice(args);
+        Flags::try_parse_from(argv).unwrap()
+    }
+
+    #[test]
+    fn flags_beat_yaml_and_yaml_beats_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("server.yaml");
+        std::fs::write(
+            &cfg,
+            "policy-dir: policy\nlisten: 127.0.0.1:7000\ndevice-ttl: 7d\n",
+        )
+        .unwrap();
+        let s = Settings::resolve(parse(&[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:7001",
+        ]))
+        .unwrap();
+        assert_eq!(s.listen, "127.0.0.1:7001".parse().unwrap());
+        assert_eq!(s.policy_dir, dir.path().join("policy"));
+        assert_eq!(s.device_ttl, Duration::from_secs(7 * 86400));
+        assert_eq!(s.admin_listen, DEFAULT_ADMIN_LISTEN.parse().unwrap());
+        assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn unknown_yaml_key_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("server.yaml");
+        std::fs::write(&cfg, "policy-dir: p\ndata-dri: d\n").unwrap();
+        let err = Settings::resolve(parse(&["--config", cfg.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("data-dri"), "{err}");
+        assert!(err.contains("server.yaml"), "{err}");
+    }
+
+    #[test]
+    fn key_requires_token_and_data_dir() {
+        let err = Settings::resolve(parse(&["--policy-dir", "p", "--killswitch-key-file", "k"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--gateway-token-file"), "{err}");
+        let err = Settings::resolve(parse(&[
+            "--policy-dir",
+            "p",
+            "--killswitch-key-file",
+            "k",
+            "--gateway-token-file",
+            "t",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("--data-dir"), "{err}");
+        assert!(Settings::resolve(parse(&[])).is_err());
+    }
+}

@@ -1,0 +1,26 @@
+//! halo-server: the Halos web API for admins and fleets, and the signed kill switch
+//! (ADR-0009).
+//!
+//! Code map:
+//! - [`config`]: flags > `HALO_SERVER_<FLAG>` env > `--config` YAML > defaults.
+//! - [`server`]: startup (policy, keys, tokens, store) and the two listeners.
+//! - [`api`]: routes, per-route authentication, JSON errors.
+//! - [`killswitch`]: the kill log, kill state, signed list and its `watch` channel
+//!   (what the xDS server subscribes to, to push kills).
+//! - [`auth`]: admin OIDC JWTs against the policy issuer's JWKS.
+//! - [`fleet`]: enrollment tokens, device tokens, reports.
+//! - [`token`]: shared-secret rules (ADR-0009 final amendment), digests, minting.
+//! - [`throttle`]: per-address slowing and blocking of failed token attempts.
+//! - [`store`]: the append-only log trait and its file and memory implementations.
+//! - [`metrics`]: Prometheus text for /metrics.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod fleet;
+pub mod killswitch;
+pub mod metrics;
+pub mod server;
+pub mod store;
+pub mod throttle;
+pub mod token;

@@ -1,0 +1,174 @@
+//! Codex: `managed_config.toml`, the managed-defaults layer Codex reads from
+//! `/etc/codex/` on Unix (darwin and linux). Codex documents no system-wide file on
+//! Windows, so nothing is rendered there and the manifest says so.
+//!
+//! The gateway is a custom model provider `halos` speaking the Responses API at
+//! `<baseURL>/v1`. Codex reads a provider's key from an environment variable
+//! (`env_key`), not from a command, so the token variable is named and the manifest
+//! warns that it must be exported (for example from `gateway.auth.helperCommand`).
+
+use toml::{Table, Value};
+
+use halo_policy::{Harness, WireProtocol};
+
+use super::{Context, Os, Rendered, base_url};
+
+const H: Harness = Harness::Codex;
+
+/// The environment variable Codex reads the Halos token from.
+pub const TOKEN_ENV: &str = "HALOS_TOKEN";
+
+/// The managed config path per OS (`None`: Codex has no documented one there).
+pub fn managed_path(os: Os) -> Option<&'static str> {
+    match os {
+        Os::Darwin | Os::Linux => Some("/etc/codex/managed_config.toml"),
+        Os::Windows => None,
+    }
+}
+
+fn s(v: &str) -> Value {
+    Value::String(v.to_string())
+}
+
+pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
+    let mut out = Rendered::default();
+    let profile = ctx.profile;
+    let Some(harness) = profile.harnesses.get(&H) else {
+        return out;
+    };
+    let Some(path) = managed_path(os) else {
+        out.warn(
+            H,
+            os,
+            "Codex has no documented system-wide config on Windows: nothing rendered",
+        );
+        return out;
+    };
+    let mut config = Table::new();
+    let protocol = ctx.gateway.protocol(H);
+    if protocol != WireProtocol::OpenaiResponses {
+        out.warn(
+            H,
+            os,
+            format!(
+                "gateway protocol {} is not one Codex speaks; rendered for openai-responses",
+                protocol.as_str()
+            ),
+        );
+    }
+    if let Some(model) = &harness.model {
+        config.insert("model".into(), s(model));
+    }
+    config.insert("model_provider".into(), s("halos"));
+    let mut provider = Table::new();
+    provider.insert("name".into(), s("Halos gateway"));
+    provider.insert(
+        "base_url".into(),
+        s(&format!("{}/v1", base_url(ctx.gateway))),
+    );
+    provider.insert("wire_api".into(), s("responses"));
+    provider.insert("env_key".into(), s(TOKEN_ENV));
+    let mut providers = Table::new();
+    providers.insert("halos".into(), Value::Table(provider));
+    config.insert("model_providers".into(), Value::Table(providers));
+    match ctx.helper_command() {
+        Some(cmd) => out.warn(
+            H,
+            os,
+            format!(
+                "Codex reads its token from ${TOKEN_ENV}; export it at shell start from `{cmd}`"
+            ),
+        ),
+        None => out.warn(
+            H,
+            os,
+            format!(
+                "the Gateway has no auth.helperCommand: ${TOKEN_ENV} must be set by other means"
+            ),
+        ),
+    }
+
+    if !profile.mcp.is_empty() {
+        let mut servers = Table::new();
+        for (name, m) in &profile.mcp {
+            let mut server = Table::new();
+            if let Some(url) = &m.url {
+                server.insert("url".into(), s(url));
+            } else if let Some(c) = &m.command {
+                server.insert("command".into(), s(c));
+                server.insert(
+                    "args".into(),
+                    Value::Array(m.args.iter().map(|a| s(a)).collect()),
+                );
+            }
+            if !m.env.is_empty() {
+                let env: Table = m.env.iter().map(|(k, v)| (k.clone(), s(v))).collect();
+                server.insert("env".into(), Value::Table(env));
+            }
+            servers.insert(name.clone(), Value::Table(server));
+        }
+        config.insert("mcp_servers".into(), Value::Table(servers));
+    }
+    if let Some(t) = &profile.telemetry
+        && t.enabled
+    {
+        let mut otel = Table::new();
+        otel.insert("log_user_prompt".into(), Value::Boolean(t.log_prompts));
+        if let Some(endpoint) = &t.endpoint {
+            let mut http = Table::new();
+            http.insert("endpoint".into(), s(endpoint));
+            http.insert("protocol".into(), s("binary"));
+            let mut exporter = Table::new();
+            exporter.insert("otlp-http".into(), Value::Table(http));
+            otel.insert("exporter".into(), Value::Table(exporter));
+        }
+        config.insert("otel".into(), Value::Table(otel));
+    }
+    if profile.permissions.is_some() {
+        out.warn(
+            H,
+            os,
+            "permissions (Claude Code rule syntax) have no Codex equivalent: use approval_policy and sandbox_mode overrides",
+        );
+    }
+    if !profile.hooks.is_empty() {
+        out.warn(H, os, "hooks are not rendered for Codex");
+    }
+    if !profile.models.is_empty() {
+        out.warn(H, os, "the models menu is not enforceable in Codex config");
+    }
+    if profile.egress.as_ref().is_some_and(|e| !e.allow.is_empty()) {
+        out.warn(
+            H,
+            os,
+            "egress.allow is not expressible in Codex config; enforce it at the network",
+        );
+    }
+    for (key, value) in &harness.overrides {
+        match Value::try_from(value) {
+            Ok(v) => merge_toml(&mut config, key, v),
+            Err(e) => out.warn(
+                H,
+                os,
+                format!("override {key:?} is not expressible in TOML ({e}); not rendered"),
+            ),
+        }
+    }
+    let text = toml::to_string(&config).unwrap_or_default();
+    out.file(H, os, path, text.into_bytes());
+    out
+}
+
+/// Set `key` in `table`: tables deep-merged, anything else replaced.
+fn merge_toml(table: &mut Table, key: &str, value: Value) {
+    match (table.get_mut(key), value) {
+        (Some(Value::Table(base)), Value::Table(over)) => {
+            for (k, v) in over {
+                merge_toml(base, &k, v);
+            }
+        }
+        (_, value) => {
+            table.insert(key.to_string(), value);
+        }
+    }
+}
