@@ -11,8 +11,11 @@
 //!
 //! A host (halo-server) does: `let cache = SnapshotCache::new();`
 //! `cache.set(NodeKey::Default, snapshot_of(&compiled, &settings)?);`
-//! `tokio::spawn(serve(listener, cache.clone()));` and shows `cache.status()` and
-//! `cache.metrics().render_prometheus()`.
+//! `tokio::spawn(serve(listener, cache.clone()));` and shows `cache.status()` (serde
+//! Serialize: per node, per type cds/lds/rds/ecds: sentVersion, sentCount, ackedVersion,
+//! lastNack {version, reason, atUnix}) and `cache.metrics().render_prometheus()`. An
+//! invalid policy never reaches `set`: the host keeps the last snapshot it set.
+//! `SnapshotCache::with_push_limit` bounds how many streams have a push in flight.
 //!
 //! # Cluster names
 //!
