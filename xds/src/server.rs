@@ -70,7 +70,7 @@ const SOTW_PATH: &str =
 /// `envoy.service.discovery.v3.AggregatedDiscoveryService`, state of the world only.
 ///
 /// Written on tonic's transport and request decoding, with the response framing by hand
-/// ([`ResponseBody`]), so that a response of a wildcard type is encoded once per (type,
+/// (see `ResponseBody`), so that a response of a wildcard type is encoded once per (type,
 /// version) and shared by every stream, which adds only its nonce. Delta ADS answers
 /// `unimplemented`.
 #[derive(Debug, Clone)]

@@ -2,7 +2,7 @@
 //!
 //! Two pure steps. [`plan`] decides everything (names, failover orders, timeouts, TLS,
 //! breaker, retries) in plain serializable types; its JSON is what the golden files hold,
-//! so a reviewer reads a diff of decisions rather than of protobuf bytes. [`resources`]
+//! so a reviewer reads a diff of decisions rather than of protobuf bytes. [`crate::envoy::resources`]
 //! maps a plan one-to-one onto Envoy's types.
 //!
 //! The resource graph (see docs/ARCHITECTURE.md, section xDS):
