@@ -32,6 +32,10 @@ pub struct Config {
     /// The developer this device belongs to (the user claim the gateway sees).
     #[serde(default)]
     pub user: Option<String>,
+    /// The developer's groups, for client toggles when the ring is fixed (with
+    /// `ringEndpoint`, halo-server's answer gives them).
+    #[serde(default)]
+    pub groups: Vec<String>,
     /// This machine's name, sent to the ring endpoint and in reports.
     #[serde(default)]
     pub host: Option<String>,

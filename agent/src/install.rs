@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
@@ -53,6 +54,15 @@ pub fn content_hash(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// How a file reaches the disk: `halo_fsutil::write_atomic` (temp, fsync, rename,
+/// fsync the directory). A seam so tests can cut the power between write and rename.
+pub type Writer = dyn Fn(&Path, &[u8], u32) -> Result<(), String> + Send + Sync;
+
+/// The production writer.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+    halo_fsutil::write_atomic(path, bytes, mode).map_err(|e| e.to_string())
+}
+
 /// Apply `desired` over what `previous` recorded. `release_changed` says whether the
 /// release digest differs from the last applied one (drift is only meaningful when not).
 pub fn apply(
@@ -61,9 +71,20 @@ pub fn apply(
     previous: &Owned,
     release_changed: bool,
 ) -> ApplyReport {
+    apply_with(targets, desired, previous, release_changed, &write_atomic)
+}
+
+/// [`apply`] with an explicit writer.
+pub fn apply_with(
+    targets: &Targets,
+    desired: &[DesiredFile],
+    previous: &Owned,
+    release_changed: bool,
+    writer: &Writer,
+) -> ApplyReport {
     let mut report = ApplyReport::default();
     for file in desired {
-        match ensure_file(targets, file, previous, release_changed) {
+        match ensure_file(targets, file, previous, release_changed, writer) {
             Ok(Outcome::Unchanged) => report.unchanged.push(file.path.clone()),
             Ok(Outcome::Written) => report.written.push(file.path.clone()),
             Ok(Outcome::Drift) => report.drift.push(file.path.clone()),
@@ -116,6 +137,7 @@ fn ensure_file(
     file: &DesiredFile,
     previous: &Owned,
     release_changed: bool,
+    writer: &Writer,
 ) -> Result<Outcome, Failure> {
     let host = targets
         .check(&file.path, file.mode)
@@ -133,8 +155,7 @@ fn ensure_file(
             .check(&file.path, file.mode)
             .map_err(Failure::Refused)?;
     }
-    halo_fsutil::write_atomic(&host, &file.content, file.mode)
-        .map_err(|e| Failure::Io(e.to_string()))?;
+    writer(&host, &file.content, file.mode).map_err(Failure::Io)?;
     let drift = !release_changed
         && previous.get(&file.path) == Some(&want)
         && on_disk.as_deref() != Some(want.as_str());

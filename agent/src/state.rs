@@ -40,6 +40,12 @@ pub struct State {
     /// The ring of the last successful cycle (used when the ring endpoint fails).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<String>,
+    /// The groups that came with the ring (used with it when the ring endpoint fails).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// The subject halo-server named with the ring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     /// The client-axis variant applied, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment: Option<Assignment>,
@@ -49,6 +55,9 @@ pub struct State {
     /// Files halod wrote: path -> sha256.
     #[serde(default)]
     pub owned: Owned,
+    /// The status of the last cycle or kill reaction (what `halod status` shows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<serde_json::Value>,
     /// The last accepted kill-list envelope, verbatim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill_envelope: Option<String>,

@@ -43,6 +43,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), WriteErr
         .to_string_lossy()
         .into_owned();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    // A temp file of this name can only be left by a dead process that had our pid (a
+    // power cut between write and rename): it is garbage, and create_new would fail on it.
+    let _ = fs::remove_file(&tmp);
     let result = (|| {
         let mut file = create_new(&tmp, mode)?;
         file.write_all(bytes).map_err(at("writing", &tmp))?;

@@ -162,11 +162,29 @@ fn ring_order(a: &SnapshotRing, b: &SnapshotRing) -> std::cmp::Ordering {
 /// Whether a traffic toggle is on for the subject in `ring`: the first rule all of whose
 /// stated conditions hold decides by its effect; with no matching rule, the default.
 pub fn toggle_is_on(toggle: &SnapshotToggle, subject: &Subject, ring: Option<&str>) -> bool {
-    toggle
-        .rules
+    rules_decide(&toggle.name, toggle.default, &toggle.rules, subject, ring)
+}
+
+/// Whether a client toggle (as a release manifest carries it) is on for the subject in
+/// `ring`. halod evaluates client toggles on the device with the very rule the gateway
+/// uses for traffic toggles.
+pub fn client_toggle_is_on(toggle: &crate::Toggle, subject: &Subject, ring: Option<&str>) -> bool {
+    rules_decide(&toggle.name, toggle.default, &toggle.rules, subject, ring)
+}
+
+/// The toggle rule: the first rule all of whose stated conditions hold decides by its
+/// effect; with no matching rule, `default`.
+pub fn rules_decide(
+    name: &str,
+    default: bool,
+    rules: &[ToggleRule],
+    subject: &Subject,
+    ring: Option<&str>,
+) -> bool {
+    rules
         .iter()
-        .find(|rule| rule_matches(rule, &toggle.name, subject, ring))
-        .map_or(toggle.default, |rule| rule.effect == Effect::On)
+        .find(|rule| rule_matches(rule, name, subject, ring))
+        .map_or(default, |rule| rule.effect == Effect::On)
 }
 
 fn rule_matches(rule: &ToggleRule, toggle: &str, subject: &Subject, ring: Option<&str>) -> bool {

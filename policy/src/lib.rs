@@ -15,12 +15,14 @@
 //! - [`admit`]: the client wire, operation and alias of a request; the body model rewrite.
 //! - [`profile`]: `extends` resolved into one effective Profile (child overrides parent).
 //! - [`route`]: the failover order of an alias's targets (priority tiers, sticky pick).
+//! - [`cluster_names`]: the Envoy cluster names the translator creates and the filter picks.
 //! - [`killswitch`]: the signed kill list: verify, apply, and (feature `sign`) sign.
 //! - [`keys`]: ed25519 keys as PEM: parse public keys; (feature `sign`) generate, load private.
 //! - [`schema`]: the JSON Schema of each kind, as committed under `schemas/`.
 
 pub mod admit;
 pub mod assign;
+pub mod cluster_names;
 pub mod compile;
 pub mod decide;
 pub mod guardrails;

@@ -160,7 +160,7 @@ pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
 }
 
 /// Set `key` in `table`: tables deep-merged, anything else replaced.
-fn merge_toml(table: &mut Table, key: &str, value: Value) {
+pub(crate) fn merge_toml(table: &mut Table, key: &str, value: Value) {
     match (table.get_mut(key), value) {
         (Some(Value::Table(base)), Value::Table(over)) => {
             for (k, v) in over {

@@ -115,3 +115,110 @@ pub(crate) fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
 pub(crate) fn base_url(gateway: &Gateway) -> &str {
     gateway.base_url.trim_end_matches('/')
 }
+
+/// Every location halod may write on `os`: managed files, and managed directories
+/// (ending with `/`). checkTarget refuses anything else, and stale files are removed only
+/// inside these.
+pub fn managed_locations(os: Os) -> Vec<String> {
+    let mut out = vec![format!("{}/", claude_code::managed_dir(os))];
+    out.extend(codex::managed_path(os).map(str::to_string));
+    out.push(gemini_cli::settings_path(os).to_string());
+    out.extend(gemini_cli::profile_path(os).map(str::to_string));
+    out
+}
+
+/// The file a harness's settings (profile overrides, client toggle fragments) land in
+/// on `os`, if the harness has one there.
+pub fn settings_file(harness: Harness, os: Os) -> Option<String> {
+    match harness {
+        Harness::ClaudeCode => {
+            let sep = if os == Os::Windows { "\\" } else { "/" };
+            Some(format!(
+                "{}{sep}managed-settings.json",
+                claude_code::managed_dir(os)
+            ))
+        }
+        Harness::Codex => codex::managed_path(os).map(str::to_string),
+        Harness::GeminiCli => Some(gemini_cli::settings_path(os).to_string()),
+    }
+}
+
+/// Merge a settings fragment (a client toggle's, for one harness) into that harness's
+/// rendered settings file, the way profile overrides are merged: objects (tables)
+/// deep-merged, anything else replaced. The output is formatted as the adapter formats
+/// it, so an unchanged merge gives unchanged bytes.
+pub fn merge_settings(
+    harness: Harness,
+    content: &[u8],
+    fragment: &halo_policy::Settings,
+) -> Result<Vec<u8>, String> {
+    match harness {
+        Harness::ClaudeCode | Harness::GeminiCli => {
+            let mut value: serde_json::Value =
+                serde_json::from_slice(content).map_err(|e| format!("not JSON: {e}"))?;
+            let serde_json::Value::Object(base) = &mut value else {
+                return Err("not a JSON object".into());
+            };
+            let over: serde_json::Map<String, serde_json::Value> = fragment
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            halo_policy::profile::merge_json_objects(base, &over);
+            Ok(json_bytes(&value))
+        }
+        Harness::Codex => {
+            let text = std::str::from_utf8(content).map_err(|e| format!("not UTF-8: {e}"))?;
+            let mut table: toml::Table =
+                toml::from_str(text).map_err(|e| format!("not TOML: {e}"))?;
+            for (key, value) in fragment {
+                let v = toml::Value::try_from(value)
+                    .map_err(|e| format!("{key:?} is not expressible in TOML: {e}"))?;
+                codex::merge_toml(&mut table, key, v);
+            }
+            Ok(toml::to_string(&table)
+                .map_err(|e| e.to_string())?
+                .into_bytes())
+        }
+    }
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+
+    #[test]
+    fn managed_locations_cover_every_settings_file() {
+        for os in [Os::Darwin, Os::Linux] {
+            let managed = managed_locations(os);
+            for h in [Harness::ClaudeCode, Harness::Codex, Harness::GeminiCli] {
+                let file = settings_file(h, os).unwrap();
+                assert!(
+                    managed
+                        .iter()
+                        .any(|m| *m == file || m.ends_with('/') && file.starts_with(m.as_str())),
+                    "{file} not managed on {os:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fragments_merge_like_overrides() {
+        let fragment: halo_policy::Settings =
+            [("alwaysThinkingEnabled".to_string(), serde_json::json!(true))].into();
+        let out = merge_settings(Harness::ClaudeCode, b"{\"model\": \"x\"}", &fragment).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "{\n  \"alwaysThinkingEnabled\": true,\n  \"model\": \"x\"\n}\n"
+        );
+        let fragment: halo_policy::Settings = [(
+            "model_reasoning_effort".to_string(),
+            serde_json::json!("high"),
+        )]
+        .into();
+        let out = merge_settings(Harness::Codex, b"model = \"gpt\"\n", &fragment).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("model_reasoning_effort = \"high\""), "{text}");
+        assert!(merge_settings(Harness::Codex, b"not = = toml", &fragment).is_err());
+    }
+}

@@ -1,0 +1,388 @@
+//! The translator: compiled snapshot + gateway settings -> a [`Plan`] -> Envoy resources.
+//!
+//! Two pure steps. [`plan`] decides everything (names, failover orders, timeouts, TLS,
+//! breaker, retries) in plain serializable types; its JSON is what the golden files hold,
+//! so a reviewer reads a diff of decisions rather than of protobuf bytes. [`crate::envoy::resources`]
+//! maps a plan one-to-one onto Envoy's types.
+//!
+//! The resource graph (see docs/ARCHITECTURE.md, section xDS):
+//! - one Listener -> HttpConnectionManager -> RDS `settings.route_config_name`;
+//! - one RouteConfiguration: every path goes to the cluster named by the `x-halo-route`
+//!   header (set by the filter), with the retry policy that walks the failover order;
+//! - one aggregate Cluster per (route, alias, first pick) listing sub-clusters in failover
+//!   order, named by [`halo_policy::cluster_names::aggregate_cluster`];
+//! - one one-endpoint Cluster per target (outlier detection = the breaker), named by
+//!   [`halo_policy::cluster_names::target_cluster`], its endpoint metadata carrying the
+//!   target's upstream, kind and model id under `halo` for per-attempt work.
+//!
+//! Still to come with the filter (issue 3): the jwt_authn and halo filters in the HCM and
+//! the filter's configuration (ECDS).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use halo_policy::cluster_names::{RouteScope, aggregate_cluster, target_cluster};
+use halo_policy::route::route_order;
+use halo_policy::snapshot::Routes;
+use halo_policy::{Snapshot, Target};
+use serde::{Deserialize, Serialize};
+
+/// Gateway settings the policy does not carry: where Envoy listens and how it retries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct GatewaySettings {
+    pub listener_name: String,
+    pub listen_address: String,
+    pub listen_port: u16,
+    pub route_config_name: String,
+    /// The request header the filter sets to an aggregate cluster name.
+    pub route_header: String,
+    /// Attempts per request, the first included (so retries = max_attempts - 1).
+    pub max_attempts: u32,
+    pub breaker: Breaker,
+    /// Connect timeout of a target without timeoutSeconds.
+    pub default_connect_timeout_seconds: u32,
+    /// A stream with no bytes either way for this long is reset; streams have no total
+    /// time limit (route timeout 0).
+    pub stream_idle_timeout_seconds: u32,
+    /// CA bundle that verifies https upstreams.
+    pub upstream_ca_file: String,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        GatewaySettings {
+            listener_name: "halo".into(),
+            listen_address: "0.0.0.0".into(),
+            listen_port: 8080,
+            route_config_name: "halo".into(),
+            route_header: "x-halo-route".into(),
+            max_attempts: 3,
+            breaker: Breaker::default(),
+            default_connect_timeout_seconds: 10,
+            stream_idle_timeout_seconds: 300,
+            upstream_ca_file: "/etc/ssl/certs/ca-certificates.crt".into(),
+        }
+    }
+}
+
+/// The per-target breaker, as Envoy outlier detection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Breaker {
+    /// Consecutive 5xx (connect failures count) that open it.
+    pub consecutive_failures: u32,
+    /// How long it stays open before a request may probe the target again.
+    pub open_seconds: u32,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker {
+            consecutive_failures: 5,
+            open_seconds: 30,
+        }
+    }
+}
+
+/// Every decision of a translation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub listener: ListenerPlan,
+    pub route: RoutePlan,
+    /// Sorted by name.
+    pub aggregates: Vec<AggregatePlan>,
+    /// Sorted by name.
+    pub targets: Vec<TargetPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerPlan {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub route_config_name: String,
+    pub stream_idle_timeout_seconds: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutePlan {
+    pub name: String,
+    pub cluster_header: String,
+    /// Set Host to the chosen target's host name (providers route on it).
+    pub auto_host_rewrite: bool,
+    /// Headers that are the gateway's business only, removed before the upstream.
+    pub request_headers_to_remove: Vec<String>,
+    pub retry_on: String,
+    pub retriable_status_codes: Vec<u32>,
+    pub num_retries: u32,
+    pub idle_timeout_seconds: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AggregatePlan {
+    pub name: String,
+    pub alias: String,
+    /// Index in the route as written of the target tried first.
+    pub first_pick: usize,
+    /// Sub-cluster names in failover order.
+    pub clusters: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetPlan {
+    pub name: String,
+    pub upstream: String,
+    /// The upstream's kind as written in policy.
+    pub kind: String,
+    pub model: String,
+    pub host: String,
+    pub port: u16,
+    /// An IP literal is a static endpoint; a host name is resolved by Envoy (logical DNS).
+    pub resolve: bool,
+    /// SNI (and certificate name) for https upstreams.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_sni: Option<String>,
+    pub connect_timeout_seconds: u32,
+    pub breaker: Breaker,
+}
+
+/// Why a snapshot cannot be translated.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TranslateError {
+    #[error("route {alias:?} names upstream {upstream:?}, which is not in the snapshot")]
+    UnknownUpstream { alias: String, upstream: String },
+    #[error("upstream {upstream:?}: url {url:?} is not an absolute http(s) URL with a host")]
+    BadUrl { upstream: String, url: String },
+    #[error("settings: maxAttempts must be at least 1")]
+    NoAttempts,
+}
+
+/// Decide every resource for `snap` under `settings`.
+pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, TranslateError> {
+    if settings.max_attempts == 0 {
+        return Err(TranslateError::NoAttempts);
+    }
+    let mut targets: BTreeMap<String, TargetPlan> = BTreeMap::new();
+    let mut aggregates: BTreeMap<String, AggregatePlan> = BTreeMap::new();
+
+    let mut scopes: Vec<(RouteScope<'_>, &Routes)> = vec![(RouteScope::Gateway, &snap.models)];
+    for e in &snap.experiments {
+        for v in &e.variants {
+            let scope = RouteScope::Variant {
+                experiment: &e.name,
+                variant: &v.name,
+            };
+            scopes.push((scope, &v.routes));
+        }
+    }
+    for t in &snap.toggles {
+        scopes.push((RouteScope::Toggle { toggle: &t.name }, &t.routes));
+    }
+
+    for (scope, routes) in scopes {
+        for (alias, route) in routes {
+            for target in route {
+                let name = target_cluster(target);
+                if let std::collections::btree_map::Entry::Vacant(slot) = targets.entry(name) {
+                    let name = slot.key().clone();
+                    slot.insert(plan_target(snap, settings, alias, target, name)?);
+                }
+            }
+            for (first_pick, clusters) in failover_orders(route, alias) {
+                let name = aggregate_cluster(scope, alias, first_pick);
+                aggregates.insert(
+                    name.clone(),
+                    AggregatePlan {
+                        name,
+                        alias: alias.clone(),
+                        first_pick,
+                        clusters,
+                    },
+                );
+            }
+        }
+    }
+
+    Ok(Plan {
+        listener: ListenerPlan {
+            name: settings.listener_name.clone(),
+            address: settings.listen_address.clone(),
+            port: settings.listen_port,
+            route_config_name: settings.route_config_name.clone(),
+            stream_idle_timeout_seconds: settings.stream_idle_timeout_seconds,
+        },
+        route: RoutePlan {
+            name: settings.route_config_name.clone(),
+            cluster_header: settings.route_header.clone(),
+            auto_host_rewrite: true,
+            request_headers_to_remove: vec![settings.route_header.clone()],
+            // Envoy never retries once response headers went downstream, so a stream
+            // that failed mid-body is not retried (invariant 4).
+            retry_on: "5xx,connect-failure,retriable-status-codes".into(),
+            retriable_status_codes: vec![429],
+            num_retries: settings.max_attempts - 1,
+            idle_timeout_seconds: settings.stream_idle_timeout_seconds,
+        },
+        aggregates: aggregates.into_values().collect(),
+        targets: targets.into_values().collect(),
+    })
+}
+
+/// For each target index i of `route`: the sub-cluster names in failover order when i is
+/// picked first: i, the rest of its tier in policy order, then later tiers in policy
+/// order. Earlier tiers are left out: the filter only picks a later tier first when the
+/// earlier ones cannot serve the request. A target listed twice appears once.
+fn failover_orders(route: &[Target], alias: &str) -> Vec<(usize, Vec<String>)> {
+    let policy_order = route_order(route, None, alias);
+    (0..route.len())
+        .map(|i| {
+            let tier = route[i].priority;
+            let mut names = vec![target_cluster(&route[i])];
+            for o in &policy_order {
+                let name = target_cluster(o.target);
+                if o.index != i && o.target.priority >= tier && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            (i, names)
+        })
+        .collect()
+}
+
+fn plan_target(
+    snap: &Snapshot,
+    settings: &GatewaySettings,
+    alias: &str,
+    target: &Target,
+    name: String,
+) -> Result<TargetPlan, TranslateError> {
+    let upstream =
+        snap.upstreams
+            .get(&target.upstream)
+            .ok_or_else(|| TranslateError::UnknownUpstream {
+                alias: alias.to_string(),
+                upstream: target.upstream.clone(),
+            })?;
+    let bad_url = || TranslateError::BadUrl {
+        upstream: target.upstream.clone(),
+        url: upstream.url.clone(),
+    };
+    let uri: http::Uri = upstream.url.parse().map_err(|_| bad_url())?;
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => return Err(bad_url()),
+    };
+    let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(bad_url)?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let is_ip = host.parse::<IpAddr>().is_ok();
+    Ok(TargetPlan {
+        name,
+        upstream: target.upstream.clone(),
+        kind: upstream.kind.as_str().to_string(),
+        model: target.model.clone(),
+        tls_sni: (https && !is_ip).then(|| host.clone()),
+        resolve: !is_ip,
+        host,
+        port,
+        connect_timeout_seconds: target
+            .timeout_seconds
+            .unwrap_or(settings.default_connect_timeout_seconds),
+        breaker: settings.breaker.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use halo_policy::types::{Upstream, UpstreamKind};
+
+    fn t(upstream: &str, model: &str, priority: u32) -> Target {
+        Target {
+            upstream: upstream.into(),
+            model: model.into(),
+            weight: None,
+            priority,
+            timeout_seconds: None,
+        }
+    }
+
+    #[test]
+    fn failover_order_is_pick_then_its_tier_then_later_tiers() {
+        let route = vec![
+            t("a", "p1", 1),
+            t("a", "p0x", 0),
+            t("a", "p0y", 0),
+            t("a", "p2", 2),
+        ];
+        let orders = failover_orders(&route, "x");
+        let models = |i: usize| -> Vec<String> {
+            orders[i]
+                .1
+                .iter()
+                .map(|n| n.split('~').nth(2).unwrap_or_default().to_string())
+                .collect()
+        };
+        assert_eq!(models(2), ["p0y", "p0x", "p1", "p2"]);
+        assert_eq!(models(1), ["p0x", "p0y", "p1", "p2"]);
+        // A later-tier first pick leaves the earlier tier out.
+        assert_eq!(models(0), ["p1", "p2"]);
+        assert_eq!(models(3), ["p2"]);
+    }
+
+    #[test]
+    fn unknown_upstreams_and_bad_urls_are_errors() {
+        let mut snap = Snapshot {
+            schema: 1,
+            org: "o".into(),
+            identity: None,
+            protocols: BTreeMap::new(),
+            upstreams: BTreeMap::new(),
+            models: BTreeMap::from([("m".to_string(), vec![t("nope", "x", 0)])]),
+            rings: vec![],
+            experiments: vec![],
+            toggles: vec![],
+        };
+        let s = GatewaySettings::default();
+        assert!(matches!(
+            plan(&snap, &s),
+            Err(TranslateError::UnknownUpstream { .. })
+        ));
+        snap.upstreams.insert(
+            "nope".into(),
+            Upstream {
+                url: "ftp://x".into(),
+                kind: UpstreamKind::Anthropic,
+                region: None,
+                project: None,
+                api_version: None,
+                credential: None,
+            },
+        );
+        assert!(matches!(
+            plan(&snap, &s),
+            Err(TranslateError::BadUrl { .. })
+        ));
+        if let Some(u) = snap.upstreams.get_mut("nope") {
+            u.url = "http://[::1]:9/v1".into();
+        }
+        let p = plan(&snap, &s).expect("plans");
+        assert_eq!((p.targets[0].host.as_str(), p.targets[0].port), ("::1", 9));
+        assert!(!p.targets[0].resolve && p.targets[0].tls_sni.is_none());
+        let zero = GatewaySettings {
+            max_attempts: 0,
+            ..GatewaySettings::default()
+        };
+        assert_eq!(plan(&snap, &zero), Err(TranslateError::NoAttempts));
+    }
+}

@@ -1,0 +1,84 @@
+//! Golden files: the translator's plan for the example policy, as reviewed JSON.
+//!
+//! `UPDATE_GOLDEN=1 cargo test -p halo-xds --test golden` rewrites them; review the diff.
+
+use std::path::PathBuf;
+
+use halo_xds::{GatewaySettings, plan, snapshot_of, type_url};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xds lives under the workspace root")
+        .to_path_buf()
+}
+
+fn check_golden(name: &str, actual: &str) {
+    let path = root().join("xds/tests/golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).expect("write golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+    assert!(
+        expected == actual,
+        "{} differs from the translation; rerun with UPDATE_GOLDEN=1 and review the diff",
+        path.display()
+    );
+}
+
+fn acme() -> halo_policy::Snapshot {
+    let org =
+        halo_policy::load::load_dir(&root().join("examples/acme-corp")).expect("example loads");
+    halo_policy::compile(&org)
+}
+
+#[test]
+fn acme_corp_plan_matches_the_golden_file() {
+    let plan = plan(&acme(), &GatewaySettings::default()).expect("example translates");
+    let mut json = serde_json::to_string_pretty(&plan).expect("plan serializes");
+    json.push('\n');
+    check_golden("acme-corp.plan.json", &json);
+}
+
+#[test]
+fn acme_corp_translation_is_deterministic_and_complete() {
+    let settings = GatewaySettings::default();
+    let a = snapshot_of(&acme(), &settings).expect("translates");
+    let b = snapshot_of(&acme(), &settings).expect("translates");
+    assert_eq!(a.version, b.version);
+    assert_eq!(a.resources, b.resources);
+    let plan = plan(&acme(), &settings).expect("translates");
+    let clusters = &a.resources[type_url::CLUSTER];
+    assert_eq!(clusters.len(), plan.targets.len() + plan.aggregates.len());
+    // Every aggregate lists only sub-clusters that exist, and every alias has `<alias>-0`.
+    let names: std::collections::BTreeSet<&str> =
+        plan.targets.iter().map(|t| t.name.as_str()).collect();
+    for agg in &plan.aggregates {
+        assert!(!agg.clusters.is_empty());
+        assert!(
+            agg.clusters.iter().all(|c| names.contains(c.as_str())),
+            "{}",
+            agg.name
+        );
+    }
+    for alias in acme().models.keys() {
+        assert!(
+            plan.aggregates
+                .iter()
+                .any(|a| a.name == format!("{alias}-0"))
+        );
+    }
+    assert_eq!(a.resources[type_url::LISTENER].len(), 1);
+    assert_eq!(a.resources[type_url::ROUTE].len(), 1);
+    // A settings change is a new version even when the policy is the same.
+    let other = GatewaySettings {
+        max_attempts: 2,
+        ..GatewaySettings::default()
+    };
+    assert_ne!(
+        snapshot_of(&acme(), &other).expect("translates").version,
+        a.version
+    );
+}
