@@ -8,7 +8,6 @@
 //! - [`metrics`]: metric names with tags.
 //! - [`cidr`]: trusted proxy prefixes.
 //! - [`claims`]: verified claims as Envoy serializes them.
-//! - [`splice`]: the model rewrite without a second parse.
 //!
 //! This file only moves data: Envoy headers, properties and bodies into those functions,
 //! their answers back into Envoy. Nothing here logs a header, a body or a user.
@@ -20,7 +19,6 @@ pub mod hygiene;
 pub mod killstate;
 pub mod metrics;
 pub mod pipeline;
-pub mod splice;
 
 #[cfg(target_arch = "wasm32")]
 mod glue;

@@ -299,10 +299,10 @@ pub fn on_body(
     let mut new_body = None;
     let mut path = pending.path.clone();
     match call.model_in {
-        ModelLocation::Body => {
-            let rewritten = crate::splice::rewrite_model(body, &target.model)
-                .map_err(|e| Reply::error(400, "invalid_request_error", e.to_string()))?;
-            new_body = Some(rewritten);
+        ModelLocation::Body { start, end } => {
+            // admit recorded where the model sits while it decoded the body: no second
+            // parse or walk of a possibly megabyte-long conversation.
+            new_body = Some(admit::splice_model(body, start, end, &target.model));
         }
         ModelLocation::Path => path = rewrite_path_model(&path, call.wire, &target.model),
     }

@@ -75,8 +75,9 @@ impl Operation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ModelLocation {
-    /// The top-level `model` of the JSON body (see [`rewrite_body_model`]).
-    Body,
+    /// The top-level `model` of the JSON body: `body[start..end]` is its JSON string,
+    /// quotes included, in the body admit was given (see [`splice_model`]).
+    Body { start: usize, end: usize },
     /// A path segment (bedrock model id, gemini model).
     Path,
 }
@@ -193,18 +194,23 @@ pub fn admit(snap: &Snapshot, method: &str, path: &str, body: &[u8]) -> Result<A
         return Err(Refusal::not_found());
     }
 
-    let (alias, stream) = match route.model {
+    let (alias, stream, model_in) = match route.model {
         Found::InBody => {
             let probe = probe_body(body)?;
-            let alias = probe
+            let (alias, (start, end)) = probe
                 .model
                 .ok_or_else(|| Refusal::invalid_request("the request body has no \"model\""))?;
             (
                 alias,
                 probe.stream && !matches!(route.operation, Operation::CountTokens),
+                ModelLocation::Body { start, end },
             )
         }
-        Found::InPath(raw) => (decode_path_model(raw)?, route.operation.always_streams()),
+        Found::InPath(raw) => (
+            decode_path_model(raw)?,
+            route.operation.always_streams(),
+            ModelLocation::Path,
+        ),
     };
     if !snap.models.contains_key(&alias) {
         return Err(Refusal::invalid_request(format!(
@@ -217,10 +223,7 @@ pub fn admit(snap: &Snapshot, method: &str, path: &str, body: &[u8]) -> Result<A
         operation: route.operation,
         alias,
         stream,
-        model_in: match route.model {
-            Found::InBody => ModelLocation::Body,
-            Found::InPath(_) => ModelLocation::Path,
-        },
+        model_in,
     }))
 }
 
@@ -348,7 +351,8 @@ struct Probe<'a> {
 }
 
 struct BodyFacts {
-    model: Option<String>,
+    /// The model and the byte range of its JSON string in the body.
+    model: Option<(String, (usize, usize))>,
     stream: bool,
 }
 
@@ -366,10 +370,13 @@ fn probe_body(body: &[u8]) -> Result<BodyFacts, Refusal> {
     let probe = decode_probe(body).map_err(Refusal::invalid_request)?;
     let model = match probe.model {
         None => None,
-        Some(raw) => Some(
-            serde_json::from_str::<String>(raw.get())
-                .map_err(|_| Refusal::invalid_request("\"model\" must be a string"))?,
-        ),
+        Some(raw) => {
+            let model = serde_json::from_str::<String>(raw.get())
+                .map_err(|_| Refusal::invalid_request("\"model\" must be a string"))?;
+            let span = raw_span(body, raw)
+                .ok_or_else(|| Refusal::invalid_request("the model value could not be located"))?;
+            Some((model, span))
+        }
     };
     Ok(BodyFacts {
         model,
@@ -392,24 +399,36 @@ pub enum RewriteError {
 /// number spelling, string escapes) is kept exactly, so the upstream sees what the client
 /// sent apart from the model, prompt-cache prefixes are untouched, and nothing is
 /// re-serialised. (A decode into `serde_json::Value` would sort keys and respell numbers
-/// and escapes, since preserve_order is not enabled.)
+/// and escapes, since preserve_order is not enabled.) After [`admit`], use
+/// [`splice_model`] with the range it recorded instead: no second parse.
 pub fn rewrite_body_model(body: &[u8], model: &str) -> Result<Vec<u8>, RewriteError> {
     let probe = decode_probe(body).map_err(RewriteError::Body)?;
-    let raw = probe.model.ok_or(RewriteError::NoModel)?.get();
-    // The raw value borrows from `body`: its offset is the distance between the pointers.
-    let start = (raw.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
-    let end = start.wrapping_add(raw.len());
-    if end > body.len() || start > end || body.get(start..end) != Some(raw.as_bytes()) {
-        return Err(RewriteError::Body(
-            "the model value could not be located".to_string(),
-        ));
-    }
+    let raw = probe.model.ok_or(RewriteError::NoModel)?;
+    let (start, end) = raw_span(body, raw)
+        .ok_or_else(|| RewriteError::Body("the model value could not be located".to_string()))?;
+    Ok(splice_model(body, start, end, model))
+}
+
+/// `body` with `body[start..end]` (the model's JSON string, from
+/// [`ModelLocation::Body`]) replaced by `model` as a JSON string. Costs one copy of the
+/// body and no parse, which is what keeps a megabyte conversation cheap.
+pub fn splice_model(body: &[u8], start: usize, end: usize, model: &str) -> Vec<u8> {
+    let (start, end) = (start.min(body.len()), end.min(body.len()).max(start));
+    // Serializing a str cannot fail.
     let replacement = serde_json::to_string(model).unwrap_or_default();
-    let mut out = Vec::with_capacity(body.len() - raw.len() + replacement.len());
+    let mut out = Vec::with_capacity(body.len() - (end - start) + replacement.len());
     out.extend_from_slice(&body[..start]);
     out.extend_from_slice(replacement.as_bytes());
     out.extend_from_slice(&body[end..]);
-    Ok(out)
+    out
+}
+
+/// Where a raw value borrowed from `body` sits in it: the distance between the pointers.
+fn raw_span(body: &[u8], raw: &RawValue) -> Option<(usize, usize)> {
+    let raw = raw.get();
+    let start = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(raw.len())?;
+    (body.get(start..end) == Some(raw.as_bytes())).then_some((start, end))
 }
 
 #[cfg(test)]
@@ -456,7 +475,7 @@ mod tests {
                 operation: Operation::Messages,
                 alias: "sonnet".into(),
                 stream: true,
-                model_in: ModelLocation::Body,
+                model_in: ModelLocation::Body { start: 9, end: 17 },
             }
         );
         assert!(!call("POST", "/v1/messages", r#"{"model":"sonnet"}"#).stream);
@@ -490,7 +509,15 @@ mod tests {
             (c.wire, c.operation, c.stream),
             (WireProtocol::OpenaiResponses, Operation::Responses, true)
         );
-        assert_eq!(c.model_in, ModelLocation::Body);
+        let body = r#" {"input":"hi","stream":true,"model":"opus"}"#;
+        let ModelLocation::Body { start, end } = c.model_in else {
+            panic!("the model is in the body");
+        };
+        assert_eq!(&body[start..end], "\"opus\"");
+        assert_eq!(
+            splice_model(body.as_bytes(), start, end, "gpt-5"),
+            br#" {"input":"hi","stream":true,"model":"gpt-5"}"#
+        );
     }
 
     #[test]
