@@ -12,6 +12,7 @@ mod killswitch;
 mod mesh;
 mod policy_dir;
 mod release;
+mod wasm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +73,11 @@ enum Command {
         #[command(subcommand)]
         command: mesh::EnvoyGatewayCommand,
     },
+    /// The filter module as an OCI wasm image: publish, verify.
+    Wasm {
+        #[command(subcommand)]
+        command: wasm::WasmCommand,
+    },
     /// Key management.
     Keys {
         #[command(subcommand)]
@@ -116,6 +122,7 @@ fn main() -> ExitCode {
         Command::Envoy { command } => envoy::run(command),
         Command::Istio { command } => mesh::run_istio(command),
         Command::EnvoyGateway { command } => mesh::run_envoy_gateway(command),
+        Command::Wasm { command } => wasm::run(command),
         Command::Keys { command } => keys::run(command),
         Command::Release { command } => release::run(command),
         Command::Kill(args) => killswitch::change(args, true),
