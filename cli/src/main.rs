@@ -78,6 +78,11 @@ enum Command {
         #[command(subcommand)]
         command: wasm::WasmCommand,
     },
+    /// halo-server's Kubernetes manifests.
+    ControlPlane {
+        #[command(subcommand)]
+        command: mesh::ControlPlaneCommand,
+    },
     /// Key management.
     Keys {
         #[command(subcommand)]
@@ -123,6 +128,7 @@ fn main() -> ExitCode {
         Command::Istio { command } => mesh::run_istio(command),
         Command::EnvoyGateway { command } => mesh::run_envoy_gateway(command),
         Command::Wasm { command } => wasm::run(command),
+        Command::ControlPlane { command } => mesh::run_control_plane(command),
         Command::Keys { command } => keys::run(command),
         Command::Release { command } => release::run(command),
         Command::Kill(args) => killswitch::change(args, true),

@@ -111,3 +111,26 @@ fn refuses_a_tag_only_image_and_a_failover_policy() {
         assert!(o.stdout.is_empty(), "{cmd}: nothing rendered");
     }
 }
+
+#[test]
+fn renders_the_control_plane_with_secrets_by_reference() {
+    let o = halo(&[
+        "control-plane",
+        "render",
+        "--policy-dir",
+        "examples/acme-corp",
+        "--image",
+        "registry.example.com/halos/halo-server:1.0",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let yaml = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "kind: \"Deployment\"",
+        "kind: \"NetworkPolicy\"",
+        "secretName: \"halo-killswitch-key\"",
+        "\"rings__rings.yaml\"",
+    ] {
+        assert!(yaml.contains(needle), "{needle} missing");
+    }
+    assert!(!yaml.contains("kind: \"Secret\""));
+}

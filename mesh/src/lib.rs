@@ -11,6 +11,7 @@
 //! Shared here: the digest-pinned image reference, the upstream endpoints and the refusal
 //! of policies the mesh path cannot serve (see [`single_target_routes`]).
 
+pub mod control_plane;
 pub mod envoy_gateway;
 pub mod istio;
 

@@ -345,3 +345,63 @@ fn the_schema_check_catches_a_wrong_field() {
         "a field Kubernetes would prune must be refused"
     );
 }
+
+fn control_plane_options() -> halo_mesh::control_plane::ControlPlaneOptions {
+    let root = manifest_dir().join("tests/fixtures/mesh-corp");
+    let mut policy_files = Vec::new();
+    for name in ["gateway.yaml", "halos.yaml", "profile.yaml", "rings.yaml"] {
+        let text = std::fs::read_to_string(root.join(name)).expect("fixture file");
+        policy_files.push((name.to_string(), text));
+    }
+    policy_files.push(("rings/extra.yaml".to_string(), "# nested\n".to_string()));
+    halo_mesh::control_plane::ControlPlaneOptions {
+        namespace: "halos".into(),
+        image: format!(
+            "registry.example.com/halos/halo-server@sha256:{}",
+            "1".repeat(64)
+        ),
+        policy_files,
+        killswitch_key_secret: "halo-killswitch-key".into(),
+        gateway_token_secret: "halo-gateway-token".into(),
+        fleet_token_secret: "halo-fleet-token".into(),
+        data_claim: "halo-server-data".into(),
+        monitoring_namespace: "monitoring".into(),
+    }
+}
+
+#[test]
+fn control_plane_manifests_match_the_golden_file_and_keep_secrets_and_admin_private() {
+    let docs = halo_mesh::control_plane::render(&control_plane_options()).expect("render");
+    golden(
+        "control-plane.yaml",
+        &to_yaml(&docs, "rendered from tests/fixtures/mesh-corp"),
+    );
+    assert!(
+        kind(&docs, "Secret").is_empty(),
+        "secrets are referenced, never rendered"
+    );
+    let service = kind(&docs, "Service")[0];
+    let ports: Vec<u64> = service["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .filter_map(|p| p["port"].as_u64())
+        .collect();
+    assert_eq!(ports, [8080], "the admin port is not a Service port");
+    let np = kind(&docs, "NetworkPolicy")[0];
+    let admin_rule = np["spec"]["ingress"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["ports"][0]["port"] == 9090)
+        .expect("admin rule");
+    assert!(
+        admin_rule["from"].is_array(),
+        "the admin port is open to the monitoring namespace only"
+    );
+    let cm = kind(&docs, "ConfigMap")[0];
+    assert!(
+        cm["data"]["rings__extra.yaml"].is_string(),
+        "nested policy paths survive"
+    );
+}
