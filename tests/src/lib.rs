@@ -488,6 +488,9 @@ pub struct GatewayOptions {
     pub settings: Value,
     pub killswitch_url: Option<String>,
     pub concurrency: u32,
+    /// The filter module Envoy loads; default the workspace build
+    /// ([`halo_testkit::filter_wasm`]).
+    pub wasm_path: Option<std::path::PathBuf>,
 }
 
 impl Default for GatewayOptions {
@@ -496,6 +499,7 @@ impl Default for GatewayOptions {
             settings: json!({}),
             killswitch_url: None,
             concurrency: 1,
+            wasm_path: None,
         }
     }
 }
@@ -510,7 +514,11 @@ impl Gateway {
             listen_port: port,
             admin_address: "127.0.0.1".into(),
             admin_port: admin,
-            wasm_path: halo_testkit::filter_wasm().display().to_string(),
+            wasm_path: opts
+                .wasm_path
+                .unwrap_or_else(halo_testkit::filter_wasm)
+                .display()
+                .to_string(),
             jwks_uri: None,
             settings: opts.settings,
             killswitch_url: opts.killswitch_url,
