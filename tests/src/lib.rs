@@ -491,6 +491,9 @@ pub struct GatewayOptions {
     /// The filter module Envoy loads; default the workspace build
     /// ([`halo_testkit::filter_wasm`]).
     pub wasm_path: Option<std::path::PathBuf>,
+    /// Make jwt_authn write the verified payload under this key instead of the
+    /// bootstrap's (as Istio's `payload` or Envoy Gateway's issuer key do).
+    pub jwt_payload_key: Option<String>,
 }
 
 impl Default for GatewayOptions {
@@ -500,7 +503,22 @@ impl Default for GatewayOptions {
             killswitch_url: None,
             concurrency: 1,
             wasm_path: None,
+            jwt_payload_key: None,
         }
+    }
+}
+
+/// Every jwt_authn provider's `payload_in_metadata` set to `key`.
+fn set_payload_key(v: &mut Value, key: &str) {
+    match v {
+        Value::Object(m) => {
+            if let Some(p) = m.get_mut("payload_in_metadata") {
+                *p = json!(key);
+            }
+            m.values_mut().for_each(|c| set_payload_key(c, key));
+        }
+        Value::Array(a) => a.iter_mut().for_each(|c| set_payload_key(c, key)),
+        _ => {}
     }
 }
 
@@ -523,8 +541,11 @@ impl Gateway {
             settings: opts.settings,
             killswitch_url: opts.killswitch_url,
         };
-        let doc =
+        let mut doc =
             halo_envoy_config::bootstrap::standalone(&snapshot, &boot).expect("render bootstrap");
+        if let Some(key) = &opts.jwt_payload_key {
+            set_payload_key(&mut doc, key);
+        }
         let yaml = halo_envoy_config::yaml::to_yaml(&doc);
         if let Some(path) = std::env::var_os("HALO_E2E_DUMP") {
             let _ = std::fs::write(path, &yaml);

@@ -53,3 +53,32 @@ async fn the_pulled_image_serves_a_governed_request_in_envoy() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The mesh platforms' jwt_authn stores the verified payload under their own key (Istio:
+/// `payload`); the renderers pass it as `identity.jwtMetadataKey`. Without it the filter
+/// finds no claims and answers 401; with it the caller is identified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_filter_reads_claims_under_the_mesh_jwt_metadata_key() {
+    let issuer = Issuer::start().await;
+    let providers = Providers::start().await;
+    let body =
+        json!({"model": "haiku", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let token = bearer(&issuer.token("alice@acme.test", &[]));
+    for (settings, want) in [
+        (json!({}), 401),
+        (json!({"identity": {"jwtMetadataKey": "payload"}}), 200),
+    ] {
+        let gw = Gateway::start(
+            test_snapshot(&issuer.url, &providers),
+            GatewayOptions {
+                settings: settings.clone(),
+                jwt_payload_key: Some("payload".into()),
+                ..GatewayOptions::default()
+            },
+        );
+        let a = gw
+            .post("/v1/messages", &[("authorization", token.as_str())], &body)
+            .await;
+        assert_eq!(a.status, want, "{settings}: {}", a.text());
+    }
+}
