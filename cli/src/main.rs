@@ -9,8 +9,10 @@ mod envoy;
 mod gateway;
 mod keys;
 mod killswitch;
+mod mesh;
 mod policy_dir;
 mod release;
+mod wasm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +33,8 @@ Examples:
   halo gateway compile --policy-dir examples/acme-corp -o policy.json
   halo gateway routes --user alice@acme.com --session s-42 --policy-dir examples/acme-corp
   halo envoy bootstrap --policy-dir examples/acme-corp -o envoy.yaml
+  halo istio render --policy-dir DIR --image oci://REG/REPO@sha256:DIGEST -o halo-istio.yaml
+  halo envoy-gateway render --policy-dir DIR --image oci://REG/REPO@sha256:DIGEST
   halo keys generate --name killswitch --out-dir keys/
   halo release publish --policy-dir examples/acme-corp --ring canary --release-version 1.0.0 \
       --key keys/release.key --registry 127.0.0.1:5000/acme/halos
@@ -58,6 +62,26 @@ enum Command {
     Envoy {
         #[command(subcommand)]
         command: envoy::EnvoyCommand,
+    },
+    /// Istio manifests rendered from the policy.
+    Istio {
+        #[command(subcommand)]
+        command: mesh::IstioCommand,
+    },
+    /// Envoy Gateway manifests rendered from the policy.
+    EnvoyGateway {
+        #[command(subcommand)]
+        command: mesh::EnvoyGatewayCommand,
+    },
+    /// The filter module as an OCI wasm image: publish, verify.
+    Wasm {
+        #[command(subcommand)]
+        command: wasm::WasmCommand,
+    },
+    /// halo-server's Kubernetes manifests.
+    ControlPlane {
+        #[command(subcommand)]
+        command: mesh::ControlPlaneCommand,
     },
     /// Key management.
     Keys {
@@ -101,6 +125,10 @@ fn main() -> ExitCode {
         Command::Validate { policy_dir } => policy_dir::validate_command(&policy_dir),
         Command::Gateway { command } => gateway::run(command),
         Command::Envoy { command } => envoy::run(command),
+        Command::Istio { command } => mesh::run_istio(command),
+        Command::EnvoyGateway { command } => mesh::run_envoy_gateway(command),
+        Command::Wasm { command } => wasm::run(command),
+        Command::ControlPlane { command } => mesh::run_control_plane(command),
         Command::Keys { command } => keys::run(command),
         Command::Release { command } => release::run(command),
         Command::Kill(args) => killswitch::change(args, true),

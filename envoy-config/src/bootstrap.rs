@@ -131,9 +131,9 @@ pub fn cluster(name: &str, ep: &Endpoint) -> Value {
     c
 }
 
-/// Every upstream the snapshot can route to: the gateway routes, toggle routes and
-/// experiment variant routes name upstreams; each gets a cluster.
-pub fn upstream_clusters(snap: &Snapshot) -> Result<Vec<Value>, RenderError> {
+/// The names of every upstream the snapshot can route to: the gateway routes, toggle
+/// routes and experiment variant routes name upstreams.
+pub fn used_upstreams(snap: &Snapshot) -> BTreeSet<&str> {
     let mut used: BTreeSet<&str> = BTreeSet::new();
     let routes = snap
         .models
@@ -149,6 +149,12 @@ pub fn upstream_clusters(snap: &Snapshot) -> Result<Vec<Value>, RenderError> {
             used.insert(t.upstream.as_str());
         }
     }
+    used
+}
+
+/// Every upstream the snapshot can route to gets a cluster.
+pub fn upstream_clusters(snap: &Snapshot) -> Result<Vec<Value>, RenderError> {
+    let used = used_upstreams(snap);
     let mut out = Vec::new();
     for (name, upstream) in &snap.upstreams {
         if !used.contains(name.as_str()) {
@@ -210,10 +216,16 @@ pub fn jwt_authn(snap: &Snapshot, jwks_uri: &str) -> Option<Value> {
     }))
 }
 
+/// The filter's configuration document `{snapshot, settings}` (the format the filter's
+/// `config` module decodes), shared by the bootstrap and the mesh renderers.
+pub fn filter_configuration(snap: &Snapshot, settings: &Value) -> Value {
+    let snapshot: Value = serde_json::to_value(snap).unwrap_or(Value::Null);
+    json!({"snapshot": snapshot, "settings": settings})
+}
+
 /// The halo wasm filter, configured with `{snapshot, settings}`; fails closed.
 pub fn wasm_filter(wasm_path: &str, snap: &Snapshot, settings: &Value) -> Value {
-    let snapshot: Value = serde_json::to_value(snap).unwrap_or(Value::Null);
-    let configuration = json!({"snapshot": snapshot, "settings": settings}).to_string();
+    let configuration = filter_configuration(snap, settings).to_string();
     json!({
         "name": "envoy.filters.http.wasm",
         "typed_config": {

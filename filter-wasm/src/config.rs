@@ -71,6 +71,8 @@ struct RawIdentity {
     allow_anonymous: bool,
     #[serde(default)]
     trust_unverified_email: Option<bool>,
+    #[serde(default)]
+    jwt_metadata_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +115,10 @@ pub struct IdentitySettings {
     pub trusted_proxies: Vec<Cidr>,
     pub allow_anonymous: bool,
     pub trust_unverified_email: bool,
+    /// The key under jwt_authn's dynamic metadata holding the verified payload: `halo_jwt`
+    /// in the standalone bootstrap; Istio's RequestAuthentication writes `payload`, Envoy
+    /// Gateway's SecurityPolicy the issuer (the mesh renderers set it).
+    pub jwt_metadata_key: String,
 }
 
 /// The kill-list poller's settings.
@@ -258,6 +264,15 @@ fn identity_settings(snap: &Snapshot, raw: RawIdentity) -> Result<IdentitySettin
         groups_header,
         trusted_proxies,
         allow_anonymous: raw.allow_anonymous,
+        jwt_metadata_key: match raw.jwt_metadata_key {
+            None => halo_envoy_config::names::JWT_PAYLOAD_KEY.to_string(),
+            Some(k) if !k.is_empty() => k,
+            Some(_) => {
+                return Err(ConfigError(
+                    "settings.identity.jwtMetadataKey: must not be empty".into(),
+                ));
+            }
+        },
         trust_unverified_email: raw.trust_unverified_email.unwrap_or_else(|| {
             snap.identity
                 .as_ref()

@@ -267,7 +267,7 @@ impl Http {
                 "metadata",
                 "filter_metadata",
                 JWT_METADATA,
-                halo_envoy_config::names::JWT_PAYLOAD_KEY,
+                &cfg.identity.jwt_metadata_key,
                 name,
             ])
         };

@@ -51,6 +51,10 @@ fn config_defaults_and_identity_mode_resolution() {
     assert_eq!(c.route_header, "x-halo-route");
     assert_eq!(c.identity.user_claim, "email");
     assert!(!c.forward_auth);
+    assert_eq!(c.identity.jwt_metadata_key, "halo_jwt");
+    // Istio's RequestAuthentication puts the payload under `payload`.
+    let c = config(json!({"identity": {"jwtMetadataKey": "payload"}})).expect("istio key");
+    assert_eq!(c.identity.jwt_metadata_key, "payload");
 
     let doc = json!({"snapshot": snapshot(None), "settings": {}});
     let c = Config::from_bytes(doc.to_string().as_bytes()).expect("no identity");
@@ -78,6 +82,10 @@ fn bad_configurations_are_refused_naming_the_field() {
             "identityHeader",
         ),
         (json!({"maxBodyBytes": 0}), "maxBodyBytes"),
+        (
+            json!({"identity": {"jwtMetadataKey": ""}}),
+            "jwtMetadataKey",
+        ),
         (json!({"routeHeader": "x-route"}), "routeHeader"),
         (
             json!({"killSwitch": {"cluster": "k", "url": "http://halo-server.halos:8080/k", "token": "t", "pubkey": kill_pem(1)}}),

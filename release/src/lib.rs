@@ -28,5 +28,7 @@ pub mod oci;
 pub mod pack;
 pub mod pointer;
 pub mod sign;
+#[cfg(feature = "oci")]
+pub mod wasm;
 
 pub use build::{BuildError, Release, ReleaseManifest, RingBuild, build_ring};

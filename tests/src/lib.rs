@@ -488,6 +488,12 @@ pub struct GatewayOptions {
     pub settings: Value,
     pub killswitch_url: Option<String>,
     pub concurrency: u32,
+    /// The filter module Envoy loads; default the workspace build
+    /// ([`halo_testkit::filter_wasm`]).
+    pub wasm_path: Option<std::path::PathBuf>,
+    /// Make jwt_authn write the verified payload under this key instead of the
+    /// bootstrap's (as Istio's `payload` or Envoy Gateway's issuer key do).
+    pub jwt_payload_key: Option<String>,
 }
 
 impl Default for GatewayOptions {
@@ -496,7 +502,23 @@ impl Default for GatewayOptions {
             settings: json!({}),
             killswitch_url: None,
             concurrency: 1,
+            wasm_path: None,
+            jwt_payload_key: None,
         }
+    }
+}
+
+/// Every jwt_authn provider's `payload_in_metadata` set to `key`.
+fn set_payload_key(v: &mut Value, key: &str) {
+    match v {
+        Value::Object(m) => {
+            if let Some(p) = m.get_mut("payload_in_metadata") {
+                *p = json!(key);
+            }
+            m.values_mut().for_each(|c| set_payload_key(c, key));
+        }
+        Value::Array(a) => a.iter_mut().for_each(|c| set_payload_key(c, key)),
+        _ => {}
     }
 }
 
@@ -510,13 +532,20 @@ impl Gateway {
             listen_port: port,
             admin_address: "127.0.0.1".into(),
             admin_port: admin,
-            wasm_path: halo_testkit::filter_wasm().display().to_string(),
+            wasm_path: opts
+                .wasm_path
+                .unwrap_or_else(halo_testkit::filter_wasm)
+                .display()
+                .to_string(),
             jwks_uri: None,
             settings: opts.settings,
             killswitch_url: opts.killswitch_url,
         };
-        let doc =
+        let mut doc =
             halo_envoy_config::bootstrap::standalone(&snapshot, &boot).expect("render bootstrap");
+        if let Some(key) = &opts.jwt_payload_key {
+            set_payload_key(&mut doc, key);
+        }
         let yaml = halo_envoy_config::yaml::to_yaml(&doc);
         if let Some(path) = std::env::var_os("HALO_E2E_DUMP") {
             let _ = std::fs::write(path, &yaml);

@@ -1,0 +1,219 @@
+//! halo-mesh: the compiled policy as Kubernetes manifests for a service mesh, so nobody
+//! hand-writes them. Pure: the caller reads the policy and passes flags; every renderer
+//! returns `serde_json::Value` documents, printed with [`to_yaml`].
+//!
+//! Code map:
+//! - [`istio`]: WasmPlugin, RequestAuthentication, ServiceEntry + DestinationRule per
+//!   upstream, the VirtualService sending the filter's route header to them.
+//! - [`envoy_gateway`]: EnvoyExtensionPolicy, SecurityPolicy, Backend + BackendTLSPolicy
+//!   + BackendTrafficPolicy per upstream, the HTTPRoute.
+//!
+//! Shared here: the digest-pinned image reference, the upstream endpoints and the refusal
+//! of policies the mesh path cannot serve (see [`single_target_routes`]).
+
+pub mod control_plane;
+pub mod envoy_gateway;
+pub mod istio;
+
+use halo_envoy_config::bootstrap::{Endpoint, endpoint, used_upstreams};
+use halo_envoy_config::names;
+use halo_policy::Snapshot;
+use serde_json::Value;
+
+/// Why manifests cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    #[error(
+        "image {0:?} is not pinned: give oci://REGISTRY/REPOSITORY@sha256:<64 hex digits> (a tag can move; the mesh must pull exactly the module that was tested)"
+    )]
+    Unpinned(String),
+    #[error("image {0:?} is not an oci://REGISTRY/REPOSITORY@sha256:<digest> reference")]
+    BadImage(String),
+    #[error(
+        "{context} routes alias {alias:?} to {count} targets: failover across targets needs aggregate clusters, which the plain WasmPlugin/extension-policy mesh path cannot give. Give the alias one target for the mesh, or serve this policy with the halo xDS server or the standalone Envoy"
+    )]
+    Failover {
+        context: String,
+        alias: String,
+        count: usize,
+    },
+    #[error(transparent)]
+    Upstream(#[from] halo_envoy_config::bootstrap::RenderError),
+    #[error("{0}")]
+    Option(String),
+}
+
+/// A wasm image pinned by digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// `REGISTRY/REPOSITORY` (no scheme, no digest).
+    pub repository: String,
+    /// The 64 lowercase hex digits of the manifest's sha256.
+    pub sha256: String,
+}
+
+impl Image {
+    /// Parse `oci://REG/REPO@sha256:HEX`; a tag-only reference is refused.
+    pub fn parse(text: &str) -> Result<Image, MeshError> {
+        let rest = text
+            .strip_prefix("oci://")
+            .ok_or_else(|| MeshError::BadImage(text.to_string()))?;
+        let Some((repo, digest)) = rest.split_once('@') else {
+            return Err(MeshError::Unpinned(text.to_string()));
+        };
+        let hex = digest
+            .strip_prefix("sha256:")
+            .ok_or_else(|| MeshError::BadImage(text.to_string()))?;
+        let valid_hex = hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        // A tag before the digest (`repo:tag@sha256:...`) is dropped: the digest decides.
+        let repo = match repo.rsplit_once(':') {
+            Some((r, tag)) if !tag.contains('/') => r,
+            _ => repo,
+        };
+        if !valid_hex || repo.is_empty() || !repo.contains('/') {
+            return Err(MeshError::BadImage(text.to_string()));
+        }
+        Ok(Image {
+            repository: repo.to_string(),
+            sha256: hex.to_string(),
+        })
+    }
+
+    /// `oci://REG/REPO@sha256:HEX`.
+    pub fn oci_url(&self) -> String {
+        format!("oci://{}", self.reference())
+    }
+
+    /// `REG/REPO@sha256:HEX`.
+    pub fn reference(&self) -> String {
+        format!("{}@sha256:{}", self.repository, self.sha256)
+    }
+}
+
+/// Refuse a policy with any route of more than one target: the filter writes the first
+/// pick's cluster, and the failover Envoy would walk (aggregate clusters, see
+/// [`halo_envoy_config::names`]) does not exist on the mesh path, so such a route would
+/// silently lose its failover.
+pub fn single_target_routes(snap: &Snapshot) -> Result<(), MeshError> {
+    let check = |context: String, routes: &halo_policy::snapshot::Routes| {
+        for (alias, targets) in routes {
+            if targets.len() > 1 {
+                return Err(MeshError::Failover {
+                    context: context.clone(),
+                    alias: alias.clone(),
+                    count: targets.len(),
+                });
+            }
+        }
+        Ok(())
+    };
+    check("the gateway".to_string(), &snap.models)?;
+    for t in &snap.toggles {
+        check(format!("toggle {:?}", t.name), &t.routes)?;
+    }
+    for e in &snap.experiments {
+        for v in &e.variants {
+            check(
+                format!("experiment {:?} variant {:?}", e.name, v.name),
+                &v.routes,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// One routed upstream: its policy name, the cluster name the filter writes, its endpoint.
+#[derive(Debug, Clone)]
+pub struct RoutedUpstream {
+    pub name: String,
+    pub cluster: String,
+    pub endpoint: Endpoint,
+}
+
+/// Every upstream some route names, in name order.
+pub fn routed_upstreams(snap: &Snapshot) -> Result<Vec<RoutedUpstream>, MeshError> {
+    let used = used_upstreams(snap);
+    let mut out = Vec::new();
+    for (name, upstream) in &snap.upstreams {
+        if used.contains(name.as_str()) {
+            out.push(RoutedUpstream {
+                name: name.clone(),
+                cluster: names::upstream_cluster(name),
+                endpoint: endpoint(&format!("upstream {name}"), &upstream.url)?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The issuer's JWKS URL: the flag, else `<issuer>/.well-known/jwks.json`.
+pub fn jwks_uri(issuer: &str, flag: Option<&str>) -> String {
+    flag.map(str::to_string)
+        .unwrap_or_else(|| format!("{}/.well-known/jwks.json", issuer.trim_end_matches('/')))
+}
+
+/// The filter settings for the mesh: `settings` (an object) with the jwt_authn metadata
+/// key the platform's JWT filter writes.
+pub(crate) fn settings_with_key(settings: &Value, key: Option<&str>) -> Result<Value, MeshError> {
+    let mut s = settings.clone();
+    let Some(map) = s.as_object_mut() else {
+        return Err(MeshError::Option("settings must be a JSON object".into()));
+    };
+    if let Some(key) = key {
+        let identity = map
+            .entry("identity")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(identity) = identity.as_object_mut() {
+            identity.insert("jwtMetadataKey".into(), Value::String(key.to_string()));
+        }
+    }
+    Ok(s)
+}
+
+/// Documents as one YAML stream with a header naming the source.
+pub fn to_yaml(docs: &[Value], header: &str) -> String {
+    let mut out = String::new();
+    for line in header.lines() {
+        out.push_str(&format!("# {line}\n"));
+    }
+    for d in docs {
+        out.push_str("---\n");
+        out.push_str(&halo_envoy_config::yaml::to_yaml(d));
+    }
+    out
+}
+
+/// The labels every rendered object carries.
+pub(crate) fn labels() -> Value {
+    serde_json::json!({"app.kubernetes.io/part-of": "halos", "app.kubernetes.io/managed-by": "halo"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_must_be_pinned_by_digest() {
+        let hex = "a".repeat(64);
+        let img = Image::parse(&format!("oci://reg.example:5000/halos/filter@sha256:{hex}"))
+            .expect("pinned");
+        assert_eq!(img.repository, "reg.example:5000/halos/filter");
+        assert_eq!(img.sha256, hex);
+        let err = Image::parse("oci://reg.example/halos/filter:1.0").expect_err("tag only");
+        assert!(matches!(err, MeshError::Unpinned(_)), "{err}");
+        assert!(err.to_string().contains("not pinned"));
+        assert!(
+            Image::parse(&format!("reg/x@sha256:{hex}")).is_err(),
+            "no scheme"
+        );
+        assert!(
+            Image::parse("oci://reg/x@sha256:abc").is_err(),
+            "short digest"
+        );
+        let img = Image::parse(&format!("oci://reg/x:1.0@sha256:{hex}")).expect("tag+digest");
+        assert_eq!(img.repository, "reg/x");
+    }
+}
