@@ -205,7 +205,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         br#"{"model":"sonnet","x":1}"#,
     )
     .expect("routed");
-    assert_eq!(f.cluster, "halo-upstream-a");
+    assert_eq!(f.cluster, "sonnet-0");
     assert_eq!(
         f.body.as_deref(),
         Some(&br#"{"model":"claude-sonnet","x":1}"#[..])
@@ -214,7 +214,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
     assert!(f.stamps.contains(&("x-halo-release".into(), "r1".into())));
     assert!(
         f.stamps
-            .contains(&("x-halo-route".into(), "halo-upstream-a".into()))
+            .contains(&("x-halo-route".into(), "sonnet-0".into()))
     );
     let r = pipeline::on_body(&cfg, &cfg.snapshot, &pending, br#"{"model":"gpt-4"}"#)
         .expect_err("unknown");
@@ -228,7 +228,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         Some("/v1beta/models/gemini-2.5-pro:generateContent?alt=sse")
     );
     assert_eq!(f.body, None);
-    assert_eq!(f.cluster, "halo-upstream-g");
+    assert_eq!(f.cluster, "gem-0");
 }
 
 #[test]
