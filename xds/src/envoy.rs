@@ -313,19 +313,21 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             ..HttpFilter::default()
         });
     }
-    http_filters.push(HttpFilter {
-        name: l.filter_config_name.clone(),
-        config_type: Some(http_filter::ConfigType::ConfigDiscovery(
-            ExtensionConfigSource {
-                config_source: Some(ads()),
-                type_urls: vec![
-                    "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm".into(),
-                ],
-                ..ExtensionConfigSource::default()
-            },
-        )),
-        ..HttpFilter::default()
-    });
+    if let Some(name) = &l.filter_config_name {
+        http_filters.push(HttpFilter {
+            name: name.clone(),
+            config_type: Some(http_filter::ConfigType::ConfigDiscovery(
+                ExtensionConfigSource {
+                    config_source: Some(ads()),
+                    type_urls: vec![
+                        "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm".into(),
+                    ],
+                    ..ExtensionConfigSource::default()
+                },
+            )),
+            ..HttpFilter::default()
+        });
+    }
     http_filters.push(HttpFilter {
         name: "envoy.filters.http.router".into(),
         config_type: Some(http_filter::ConfigType::TypedConfig(

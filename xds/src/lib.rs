@@ -73,10 +73,9 @@ pub fn snapshot_with_kill_list(
             *slot = serde_json::Value::String(cfg.to_string());
         }
     }
-    resources.push(envoy::filter_config(
-        &plan.listener.filter_config_name,
-        &wasm,
-    ));
+    if let Some(name) = &plan.listener.filter_config_name {
+        resources.push(envoy::filter_config(name, &wasm));
+    }
     let settings_json = serde_json::to_vec(settings).unwrap_or_default();
     let version = format!(
         "{}.{}.{}",

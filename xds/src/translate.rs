@@ -54,6 +54,9 @@ pub struct GatewaySettings {
     pub filter_settings: serde_json::Value,
     /// The issuer's JWKS URL; default `<issuer>/.well-known/jwks.json`.
     pub jwks_uri: Option<String>,
+    /// Put the halo filter in the chain (default). Off only to test the routing layer on
+    /// its own, with the route header sent by the test client: never in a gateway.
+    pub halo_filter: bool,
 }
 
 impl Default for GatewaySettings {
@@ -72,6 +75,7 @@ impl Default for GatewaySettings {
             wasm_path: "/usr/local/lib/halo/halo_filter.wasm".into(),
             filter_settings: serde_json::json!({}),
             jwks_uri: None,
+            halo_filter: true,
         }
     }
 }
@@ -118,8 +122,10 @@ pub struct ListenerPlan {
     /// The JWKS cluster jwt_authn fetches keys through.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jwks: Option<JwksPlan>,
-    /// Name of the ECDS resource carrying the halo filter's configuration.
-    pub filter_config_name: String,
+    /// Name of the ECDS resource carrying the halo filter's configuration; `None`: no
+    /// halo filter (routing-layer tests only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter_config_name: Option<String>,
     pub address: String,
     pub port: u16,
     pub route_config_name: String,
@@ -256,7 +262,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         listener: ListenerPlan {
             jwt_authn,
             jwks,
-            filter_config_name: FILTER_CONFIG_NAME.into(),
+            filter_config_name: settings.halo_filter.then(|| FILTER_CONFIG_NAME.into()),
             name: settings.listener_name.clone(),
             address: settings.listen_address.clone(),
             port: settings.listen_port,
