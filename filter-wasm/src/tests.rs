@@ -355,3 +355,14 @@ fn kill_state_machine() {
     );
     assert!(other.adopt(&envelope(&signer, &[], now), &key));
 }
+
+#[test]
+fn a_pushed_kill_list_needs_the_kill_switch_key_and_is_kept_as_bytes() {
+    let doc = json!({"snapshot": snapshot(Some("https://idp")), "settings": {}, "killList": "{}"});
+    let err = Config::from_bytes(doc.to_string().as_bytes()).expect_err("no key to verify it");
+    assert!(err.to_string().contains("killList"), "{err}");
+    let doc = json!({"snapshot": snapshot(Some("https://idp")), "killList": "{\"x\":1}",
+        "settings": {"killSwitch": {"cluster": "k", "url": "http://127.0.0.1:9/k", "token": "t", "pubkey": kill_pem(1)}}});
+    let c = Config::from_bytes(doc.to_string().as_bytes()).expect("accepted");
+    assert_eq!(c.kill_list.as_deref(), Some(&br#"{"x":1}"#[..]));
+}

@@ -37,7 +37,7 @@ use envoy_types::pb::google::protobuf::{
 use prost::{Message, Name};
 
 use crate::cache::Resource;
-use crate::translate::{AggregatePlan, JwksPlan, ListenerPlan, Plan, RoutePlan, TargetPlan};
+use crate::translate::{AggregatePlan, ListenerPlan, Plan, RoutePlan, ServicePlan, TargetPlan};
 
 /// Endpoint metadata namespace carrying a target's upstream, kind and model id.
 pub const METADATA_NAMESPACE: &str = "halo";
@@ -432,8 +432,8 @@ fn value_bytes(v: &serde_json::Value) -> Vec<u8> {
     out
 }
 
-/// The JWKS cluster jwt_authn fetches keys through.
-pub fn jwks_cluster(j: &JwksPlan, upstream_ca_file: &str) -> Cluster {
+/// A one-endpoint service cluster: the issuer's JWKS, the kill-list server.
+pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
     let target = TargetPlan {
         name: j.cluster.clone(),
         upstream: String::new(),
@@ -448,6 +448,38 @@ pub fn jwks_cluster(j: &JwksPlan, upstream_ca_file: &str) -> Cluster {
     };
     let mut c = target_cluster_without_endpoint(&target, upstream_ca_file);
     c.outlier_detection = None;
+    if j.tls && j.tls_sni.is_none() {
+        // An https IP literal (a loopback or in-cluster issuer): TLS, its IP as the SAN.
+        let tls = UpstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                validation_context_type: Some(ValidationContextType::ValidationContext(
+                    CertificateValidationContext {
+                        trusted_ca: Some(DataSource {
+                            specifier: Some(data_source::Specifier::Filename(
+                                upstream_ca_file.to_string(),
+                            )),
+                            ..DataSource::default()
+                        }),
+                        match_typed_subject_alt_names: vec![SubjectAltNameMatcher {
+                            san_type: SanType::IpAddress as i32,
+                            matcher: Some(StringMatcher {
+                                match_pattern: Some(MatchPattern::Exact(j.host.clone())),
+                                ..StringMatcher::default()
+                            }),
+                            ..SubjectAltNameMatcher::default()
+                        }],
+                        ..CertificateValidationContext::default()
+                    },
+                )),
+                ..CommonTlsContext::default()
+            }),
+            ..UpstreamTlsContext::default()
+        };
+        c.transport_socket = Some(TransportSocket {
+            name: "envoy.transport_sockets.tls".into(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(any(&tls))),
+        });
+    }
     c.load_assignment = Some(ClusterLoadAssignment {
         cluster_name: j.cluster.clone(),
         endpoints: vec![LocalityLbEndpoints {

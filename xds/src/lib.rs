@@ -33,11 +33,13 @@ pub mod cache;
 pub mod envoy;
 pub mod metrics;
 pub mod server;
+pub mod source;
 pub mod translate;
 
 pub use cache::{NodeKey, NodeStatus, Resource, Snapshot, SnapshotCache, TypeStatus, type_url};
 pub use metrics::Metrics;
 pub use server::{ServeError, serve, serve_with_shutdown};
+pub use source::{PolicySource, SourceStatus};
 pub use translate::{FILTER_CONFIG_NAME, GatewaySettings, Plan, TranslateError, plan};
 
 /// Translate `compiled` under `settings` into a cache snapshot whose version is the
@@ -59,11 +61,16 @@ pub fn snapshot_with_kill_list(
 ) -> Result<Snapshot, TranslateError> {
     let plan = plan(compiled, settings)?;
     let mut resources = envoy::resources(&plan, &settings.upstream_ca_file);
-    let mut wasm = halo_envoy_config::bootstrap::wasm_filter(
-        &settings.wasm_path,
-        compiled,
-        &settings.filter_settings,
-    );
+    let mut filter_settings = settings.filter_settings.clone();
+    if let (Some(ks), Some(m)) = (&plan.listener.killswitch, filter_settings.as_object_mut()) {
+        let entry = m
+            .entry("killSwitch")
+            .or_insert_with(|| serde_json::json!({}));
+        entry["cluster"] = serde_json::json!(ks.cluster);
+        entry["url"] = serde_json::json!(ks.uri);
+    }
+    let mut wasm =
+        halo_envoy_config::bootstrap::wasm_filter(&settings.wasm_path, compiled, &filter_settings);
     if let Some(envelope) = kill_list {
         let slot = &mut wasm["typed_config"]["config"]["configuration"]["value"];
         if let Some(text) = slot.as_str()

@@ -57,6 +57,10 @@ pub struct GatewaySettings {
     /// Put the halo filter in the chain (default). Off only to test the routing layer on
     /// its own, with the route header sent by the test client: never in a gateway.
     pub halo_filter: bool,
+    /// halo-server's kill-list URL (GET /api/v1/gateway/killswitch): the filter's poll,
+    /// the fallback to the kill list pushed in its configuration. Gets the
+    /// `halo-killswitch` cluster; `filterSettings.killSwitch.{cluster,url}` are filled in.
+    pub killswitch_url: Option<String>,
 }
 
 impl Default for GatewaySettings {
@@ -76,6 +80,7 @@ impl Default for GatewaySettings {
             filter_settings: serde_json::json!({}),
             jwks_uri: None,
             halo_filter: true,
+            killswitch_url: None,
         }
     }
 }
@@ -121,7 +126,10 @@ pub struct ListenerPlan {
     pub jwt_authn: Option<serde_json::Value>,
     /// The JWKS cluster jwt_authn fetches keys through.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub jwks: Option<JwksPlan>,
+    pub jwks: Option<ServicePlan>,
+    /// The kill-list server's cluster (the filter's poll).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killswitch: Option<ServicePlan>,
     /// Name of the ECDS resource carrying the halo filter's configuration; `None`: no
     /// halo filter (routing-layer tests only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,8 +142,11 @@ pub struct ListenerPlan {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct JwksPlan {
+pub struct ServicePlan {
     pub cluster: String,
+    /// https: TLS, verified against upstreamCaFile (SNI + DNS SAN for a host name, an IP
+    /// SAN for an IP literal).
+    pub tls: bool,
     pub uri: String,
     pub host: String,
     pub port: u16,
@@ -196,8 +207,22 @@ pub enum TranslateError {
     BadUrl { upstream: String, url: String },
     #[error("settings: maxAttempts must be at least 1")]
     NoAttempts,
-    #[error("settings: jwksUri {0:?} is not an absolute http(s) URL with a host")]
-    BadJwksUri(String),
+    #[error("settings: {0} {1:?} is not an absolute http(s) URL with a host")]
+    BadServiceUrl(&'static str, String),
+}
+
+fn service(what: &'static str, cluster: &str, uri: String) -> Result<ServicePlan, TranslateError> {
+    let ep = halo_envoy_config::bootstrap::endpoint(what, &uri)
+        .map_err(|_| TranslateError::BadServiceUrl(what, uri.clone()))?;
+    let is_ip = ep.host.parse::<IpAddr>().is_ok();
+    Ok(ServicePlan {
+        cluster: cluster.into(),
+        tls: ep.tls,
+        tls_sni: (ep.tls && !is_ip).then(|| ep.host.clone()),
+        uri,
+        host: ep.host,
+        port: ep.port,
+    })
 }
 
 /// The ECDS resource name of the halo filter's configuration.
@@ -242,18 +267,24 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
             let uri = settings.jwks_uri.clone().unwrap_or_else(|| {
                 format!("{}/.well-known/jwks.json", id.issuer.trim_end_matches('/'))
             });
-            let ep = halo_envoy_config::bootstrap::endpoint("jwksUri", &uri)
-                .map_err(|_| TranslateError::BadJwksUri(uri.clone()))?;
-            let is_ip = ep.host.parse::<IpAddr>().is_ok();
-            Some(JwksPlan {
-                cluster: halo_envoy_config::names::JWKS_CLUSTER.into(),
-                tls_sni: (ep.tls && !is_ip).then(|| ep.host.clone()),
+            Some(service(
+                "jwksUri",
+                halo_envoy_config::names::JWKS_CLUSTER,
                 uri,
-                host: ep.host,
-                port: ep.port,
-            })
+            )?)
         }
     };
+    let killswitch = settings
+        .killswitch_url
+        .clone()
+        .map(|u| {
+            service(
+                "killswitchUrl",
+                halo_envoy_config::names::KILLSWITCH_CLUSTER,
+                u,
+            )
+        })
+        .transpose()?;
     let jwt_authn = jwks
         .as_ref()
         .and_then(|j| halo_envoy_config::bootstrap::jwt_authn(snap, &j.uri));
@@ -262,6 +293,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         listener: ListenerPlan {
             jwt_authn,
             jwks,
+            killswitch,
             filter_config_name: settings.halo_filter.then(|| FILTER_CONFIG_NAME.into()),
             name: settings.listener_name.clone(),
             address: settings.listen_address.clone(),
