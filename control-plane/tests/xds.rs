@@ -157,7 +157,7 @@ async fn ask_raw(client: &reqwest::Client, port: u16, token: &str) -> Option<(u1
     Some((status, r.json().await.unwrap_or(Value::Null)))
 }
 
-/// Ask until the answer names `provider` and `model` (bounded).
+/// Ask until the answer names `provider` and `model` (bounded); how long it took.
 async fn until(
     client: &reqwest::Client,
     port: u16,
@@ -165,14 +165,15 @@ async fn until(
     provider: &str,
     model: &str,
     envoy: &Envoy,
-) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+) -> Duration {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(20);
     loop {
         if let Some(v) = ask(client, port, token).await
             && v["provider"] == provider
             && v["model"] == model
         {
-            return;
+            return start.elapsed();
         }
         if Instant::now() >= deadline {
             let last = ask_raw(client, port, token).await;
@@ -253,7 +254,7 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
         )
         .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    until(&client, listen_port, &user, "prov-a", "haiku-model", &envoy).await;
+    let kill = until(&client, listen_port, &user, "prov-a", "haiku-model", &envoy).await;
     let r = server
         .post(
             "/api/v1/toggles/haiku-b/unkill",
@@ -262,12 +263,15 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
         )
         .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    until(&client, listen_port, &user, "prov-b", "haiku-on-b", &envoy).await;
+    let unkill = until(&client, listen_port, &user, "prov-b", "haiku-on-b", &envoy).await;
 
     // A policy edit is pushed: the toggle goes, haiku's gateway route moves to prov-b.
     std::fs::remove_file(policy.join("toggles/haiku-b.yaml")).expect("rm toggle");
     write_gateway(&env, &a, &b, "prov-b");
-    until(&client, listen_port, &user, "prov-b", "haiku-model", &envoy).await;
+    let edit = until(&client, listen_port, &user, "prov-b", "haiku-model", &envoy).await;
+    eprintln!(
+        "kill reached routing in {kill:?}, unkill in {unkill:?}, the policy edit in {edit:?}"
+    );
 
     // An invalid edit (unknown upstream) is refused; the old policy keeps serving.
     write_gateway(&env, &a, &b, "no-such-upstream");
