@@ -71,6 +71,68 @@ async fn poll(gw: &Gateway, token: &str, model: &str, done: impl Fn(u16, &Value)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_split_over_1000_users_is_within_3_points_and_sticky_through_xds() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let snap = test_snapshot(&issuer.url, &p);
+    let port = free_port();
+    let cache = SnapshotCache::new();
+    cache.set(
+        NodeKey::Default,
+        snapshot_of(&snap, &settings(port)).expect("translate"),
+    );
+    let envoy = start(&cache, "gw-split").await;
+    let gw = Gateway {
+        envoy,
+        port,
+        base: format!("http://127.0.0.1:{port}"),
+        snapshot: snap.clone(),
+        client: client_builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client"),
+    };
+    let first = bearer(&issuer.token("user0@acme.test", &[]));
+    poll(&gw, &first, "weighted", |s, _| s == 200).await;
+
+    // "weighted" is 50/50 prov-a (model-a) / prov-b (model-b), sticky per user + session.
+    let mut on_a = 0usize;
+    for n in 0..1000 {
+        let token = bearer(&issuer.token(&format!("user{n}@acme.test"), &[]));
+        let session = format!("s-{n}");
+        let headers = [
+            ("authorization", token.as_str()),
+            ("x-claude-code-session-id", session.as_str()),
+        ];
+        let a = gw.post("/v1/messages", &headers, &msg("weighted")).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        let provider = a.json()["provider"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let model = a.json()["model"].as_str().unwrap_or_default().to_string();
+        match provider.as_str() {
+            "prov-a" => {
+                assert_eq!(model, "model-a");
+                on_a += 1;
+            }
+            "prov-b" => assert_eq!(model, "model-b"),
+            other => panic!("unexpected provider {other:?}"),
+        }
+        // Sticky: the same user and session lands on the same target again.
+        if n % 50 == 0 {
+            let again = gw.post("/v1/messages", &headers, &msg("weighted")).await;
+            assert_eq!(again.json()["provider"].as_str(), Some(provider.as_str()));
+        }
+    }
+    let share = on_a as f64 / 10.0;
+    assert!(
+        (47.0..=53.0).contains(&share),
+        "prov-a got {share}% of 1,000 users"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_from_ads_yaml_alone_serves_jwt_calls_through_the_filter() {
     let issuer = Issuer::start().await;
     let p = Providers::start().await;
