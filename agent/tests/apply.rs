@@ -104,6 +104,8 @@ impl World {
             enrollment_ttl: Duration::from_secs(3600),
             oidc_ca_file: None,
             max_body_bytes: 64 * 1024,
+            xds_listen: None,
+            xds_gateway_file: None,
         };
         let server = halo_server::server::start(&settings).await.unwrap();
         let api = format!("http://{}", server.api_addr);

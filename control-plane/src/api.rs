@@ -216,10 +216,26 @@ pub fn router(state: Shared) -> Router {
 }
 
 /// The admin listener's router: /healthz and /metrics.
-pub fn admin_router(state: Shared) -> Router {
+pub fn admin_router(state: Shared, xds: Option<Arc<crate::xds::XdsHost>>) -> Router {
+    // The xDS status: the policy served, the last refused edit, each Envoy's versions.
+    let xds_status = get(move || {
+        let xds = xds.clone();
+        async move {
+            match xds {
+                Some(x) => Json(x.status()).into_response(),
+                None => ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "xDS is off (--xds-listen)",
+                )
+                .into_response(),
+            }
+        }
+    });
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics))
+        .route("/xds/status", xds_status)
         .fallback(not_found)
         .with_state(state)
 }

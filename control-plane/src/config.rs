@@ -81,6 +81,14 @@ pub struct Flags {
     /// Largest request body accepted, in bytes [default: 65536].
     #[arg(long, value_name = "BYTES", env = "HALO_SERVER_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Serve xDS (ADS, gRPC) here: the policy dir is watched (content hash every 250 ms)
+    /// and pushed to every connected Envoy, and so is every kill [default: off].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_XDS_LISTEN")]
+    pub xds_listen: Option<SocketAddr>,
+    /// JSON file of halo-xds GatewaySettings (listener, wasm path, filter settings...)
+    /// for --xds-listen [default: the built-in defaults].
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_XDS_GATEWAY_FILE")]
+    pub xds_gateway_file: Option<PathBuf>,
 }
 
 /// The YAML config file: the same settings, keys spelled as the flags.
@@ -128,6 +136,8 @@ pub struct Settings {
     pub enrollment_ttl: Duration,
     pub oidc_ca_file: Option<PathBuf>,
     pub max_body_bytes: usize,
+    pub xds_listen: Option<SocketAddr>,
+    pub xds_gateway_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +194,8 @@ impl Settings {
                 .max_body_bytes
                 .or(file.max_body_bytes)
                 .unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            xds_listen: flags.xds_listen,
+            xds_gateway_file: flags.xds_gateway_file,
         };
         settings.check()?;
         Ok(settings)

@@ -24,3 +24,4 @@ pub mod server;
 pub mod store;
 pub mod throttle;
 pub mod token;
+pub mod xds;

@@ -123,6 +123,8 @@ pub struct Running {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub state: Arc<AppState>,
+    /// The xDS host, when `--xds-listen` is set.
+    pub xds: Option<Arc<crate::xds::XdsHost>>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -164,12 +166,15 @@ pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
     if let Some(ks) = &state.killswitch {
         ks.spawn_resigner();
     }
+    let xds = crate::xds::start(settings, &state, api_addr)
+        .await?
+        .map(Arc::new);
     let (tx, rx) = tokio::sync::watch::channel(false);
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
     let api_app = router(Arc::clone(&state)).into_make_service_with_connect_info::<SocketAddr>();
-    let admin_app = admin_router(Arc::clone(&state));
+    let admin_app = admin_router(Arc::clone(&state), xds.clone());
     let api_rx = rx.clone();
     let tasks = vec![
         tokio::spawn(async move {
@@ -194,6 +199,7 @@ pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
         api_addr,
         admin_addr,
         state,
+        xds,
         shutdown: tx,
         tasks,
     })

@@ -7,9 +7,10 @@
 //!
 //! [`standalone`] is pure: the caller reads files and passes their contents.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use halo_policy::Snapshot;
+use halo_policy::cluster_names;
 use serde_json::{Value, json};
 
 use crate::names;
@@ -152,18 +153,114 @@ pub fn used_upstreams(snap: &Snapshot) -> BTreeSet<&str> {
     used
 }
 
-/// Every upstream the snapshot can route to gets a cluster.
-pub fn upstream_clusters(snap: &Snapshot) -> Result<Vec<Value>, RenderError> {
-    let used = used_upstreams(snap);
-    let mut out = Vec::new();
-    for (name, upstream) in &snap.upstreams {
-        if !used.contains(name.as_str()) {
-            continue;
+/// Failover settings of the model clusters and route; the defaults are the xDS
+/// translator's (`halo_xds::GatewaySettings`), so both modes walk targets the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failover {
+    /// Attempts per request, the first included.
+    pub max_attempts: u32,
+    /// Consecutive 5xx (connect failures count) that open a target's breaker.
+    pub breaker_failures: u32,
+    /// How long a breaker stays open before a probe.
+    pub breaker_open_seconds: u32,
+    /// Connect timeout of a target without timeoutSeconds.
+    pub default_connect_timeout_seconds: u32,
+}
+
+impl Default for Failover {
+    fn default() -> Self {
+        Failover {
+            max_attempts: 3,
+            breaker_failures: 5,
+            breaker_open_seconds: 30,
+            default_connect_timeout_seconds: 10,
         }
-        let ep = endpoint(&format!("upstream {name}"), &upstream.url)?;
-        out.push(cluster(&names::upstream_cluster(name), &ep));
     }
-    Ok(out)
+}
+
+/// The model clusters, named by [`halo_policy::cluster_names`] exactly as the xDS
+/// translator names them: one one-endpoint cluster per target (outlier detection is its
+/// breaker), then one aggregate cluster per (route scope, alias, first pick) listing the
+/// targets' clusters in failover order. Sorted by name within each group.
+pub fn model_clusters(snap: &Snapshot, failover: &Failover) -> Result<Vec<Value>, RenderError> {
+    let mut targets: BTreeMap<String, Value> = BTreeMap::new();
+    let mut aggregates: BTreeMap<String, Value> = BTreeMap::new();
+    for (scope, routes) in cluster_names::scoped_routes(snap) {
+        for (alias, route) in routes {
+            for t in route {
+                let name = cluster_names::target_cluster(t);
+                if targets.contains_key(&name) {
+                    continue;
+                }
+                let url = snap
+                    .upstreams
+                    .get(&t.upstream)
+                    .map(|u| u.url.as_str())
+                    .unwrap_or_default();
+                let ep = endpoint(&format!("upstream {}", t.upstream), url)?;
+                let mut c = cluster(&name, &ep);
+                c["connect_timeout"] = json!(format!(
+                    "{}s",
+                    t.timeout_seconds
+                        .unwrap_or(failover.default_connect_timeout_seconds)
+                ));
+                c["outlier_detection"] = json!({
+                    "consecutive_5xx": failover.breaker_failures,
+                    "base_ejection_time": format!("{}s", failover.breaker_open_seconds),
+                    // One host per cluster: the default cap (10%) must not keep it in.
+                    "max_ejection_percent": 100,
+                });
+                c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] = json!({
+                    "filter_metadata": {"halo": {
+                        "upstream": t.upstream,
+                        "model": t.model,
+                        "kind": snap.upstreams.get(&t.upstream).map(|u| u.kind.as_str()),
+                    }},
+                });
+                targets.insert(name, c);
+            }
+            for (first_pick, clusters) in cluster_names::failover_orders(route, alias) {
+                let name = cluster_names::aggregate_cluster(scope, alias, first_pick);
+                aggregates.insert(
+                    name.clone(),
+                    json!({
+                        "name": name,
+                        "connect_timeout": "5s",
+                        "lb_policy": "CLUSTER_PROVIDED",
+                        "cluster_type": {
+                            "name": "envoy.clusters.aggregate",
+                            "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
+                                "clusters": clusters,
+                            },
+                        },
+                    }),
+                );
+            }
+        }
+    }
+    Ok(targets
+        .into_values()
+        .chain(aggregates.into_values())
+        .collect())
+}
+
+/// The retry policy of the model route: the xDS translator's (move on after a connect
+/// error, a 5xx or a 429; each retry to the next sub-cluster of the aggregate). Envoy
+/// never retries once response headers went downstream.
+pub fn retry_policy(failover: &Failover) -> Value {
+    json!({
+        "retry_on": "5xx,connect-failure,retriable-status-codes",
+        "retriable_status_codes": [429],
+        "num_retries": failover.max_attempts.saturating_sub(1),
+        "retry_priority": {
+            "name": "envoy.retry_priorities.previous_priorities",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+                "update_frequency": 1,
+            },
+        },
+    })
 }
 
 /// jwt_authn for the policy's identity: one provider for bearer tokens, one for the
@@ -273,7 +370,8 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
     if !settings.is_object() {
         return Err(RenderError::Settings);
     }
-    let mut clusters = upstream_clusters(snap)?;
+    let failover = Failover::default();
+    let mut clusters = model_clusters(snap, &failover)?;
     if let Some(url) = &opts.killswitch_url {
         let ep = endpoint("killswitch URL", url)?;
         clusters.push(cluster(names::KILLSWITCH_CLUSTER, &ep));
@@ -328,7 +426,9 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
                             "cluster_header": names::ROUTE_HEADER,
                             "timeout": "0s",
                             "auto_host_rewrite": true,
+                            "retry_policy": retry_policy(&failover),
                         },
+                        "request_headers_to_remove": [names::ROUTE_HEADER],
                     }],
                 }],
             },

@@ -63,11 +63,19 @@ fn every_routed_upstream_has_a_cluster_and_jwt_authn_names_the_policy_identity()
         .iter()
         .filter_map(|c| c["name"].as_str())
         .collect();
-    for name in snap.upstreams.keys() {
-        assert!(
-            clusters.contains(&format!("halo-upstream-{name}").as_str()),
-            "{name}: {clusters:?}"
-        );
+    // The model clusters carry the xDS translator's names: one aggregate per alias and
+    // first pick, one sub-cluster per target.
+    for (alias, route) in &snap.models {
+        for (i, t) in route.iter().enumerate() {
+            let agg = halo_policy::cluster_names::aggregate_cluster(
+                halo_policy::cluster_names::RouteScope::Gateway,
+                alias,
+                i,
+            );
+            assert!(clusters.contains(&agg.as_str()), "{agg}: {clusters:?}");
+            let sub = halo_policy::cluster_names::target_cluster(t);
+            assert!(clusters.contains(&sub.as_str()), "{sub}: {clusters:?}");
+        }
     }
     assert!(clusters.contains(&"halo-killswitch") && clusters.contains(&"halo-jwks"));
     let hcm =

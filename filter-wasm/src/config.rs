@@ -35,6 +35,10 @@ struct RawConfig {
     snapshot: Box<serde_json::value::RawValue>,
     #[serde(default)]
     settings: RawSettings,
+    /// A signed kill-list envelope pushed with the configuration (xDS): verified with
+    /// `settings.killSwitch.pubkey` exactly like a polled one; the poll stays as fallback.
+    #[serde(default, rename = "killList")]
+    kill_list: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -143,6 +147,8 @@ pub struct Config {
     pub max_body_bytes: u64,
     pub kill_switch: Option<KillSwitchSettings>,
     pub route_header: String,
+    /// The pushed kill-list envelope (bytes as signed), if any.
+    pub kill_list: Option<Vec<u8>>,
 }
 
 impl Config {
@@ -164,6 +170,12 @@ impl Config {
             ));
         }
         let kill_switch = s.kill_switch.map(kill_switch_settings).transpose()?;
+        if raw.kill_list.is_some() && kill_switch.is_none() {
+            return Err(ConfigError(
+                "killList: a pushed kill list needs settings.killSwitch (its pubkey verifies it)"
+                    .into(),
+            ));
+        }
         let route_header = s
             .route_header
             .unwrap_or_else(|| halo_envoy_config::names::ROUTE_HEADER.to_string())
@@ -180,6 +192,7 @@ impl Config {
             max_body_bytes,
             kill_switch,
             route_header,
+            kill_list: raw.kill_list.map(String::into_bytes),
         })
     }
 }

@@ -168,13 +168,35 @@ impl RootContext for Root {
                 "halo: no identity configuration (no issuer, no trusted proxies, no mode): every request is answered 503",
             );
         }
-        let effective = Rc::new(cfg.snapshot.clone());
-        *self.state.borrow_mut() = Some(State {
+        let mut kill = KillState::new();
+        let mut pushed = None;
+        // A kill list pushed with the configuration is verified and applied exactly as a
+        // polled one (signature, freshness); the poll keeps running as the fallback.
+        if let (Some(envelope), Some(Ok(key))) = (
+            &cfg.kill_list,
+            cfg.kill_switch.as_ref().map(|k| k.key.clone()),
+        ) {
+            let outcome = kill.on_fetch(Some(200), envelope, &key, now_ms() / 1000);
+            if outcome != FetchOutcome::Accepted {
+                log(
+                    LogLevel::Error,
+                    &format!("halo: pushed kill list refused: {}", outcome.as_str()),
+                );
+            }
+            pushed = Some((outcome, key));
+        }
+        let effective = Rc::new(kill.effective(&cfg.snapshot));
+        let mut state = State {
             cfg,
-            kill: KillState::new(),
+            kill,
             effective,
             metric_ids: HashMap::new(),
-        });
+        };
+        if let Some((outcome, key)) = pushed {
+            state.count(metrics::killswitch_fetch(outcome.as_str()));
+            publish(&state, &key);
+        }
+        *self.state.borrow_mut() = Some(state);
         true
     }
 

@@ -16,6 +16,7 @@ use std::net::IpAddr;
 use halo_policy::Snapshot;
 use halo_policy::admit::{self, Admission, ModelLocation, Refusal};
 use halo_policy::assign;
+use halo_policy::cluster_names;
 use halo_policy::decide::{self, Caller, Decision, Subject};
 use halo_policy::route;
 use halo_policy::types::WireProtocol;
@@ -295,6 +296,13 @@ pub fn on_body(
         return Err(r);
     };
     let target = first.target;
+    // The aggregate cluster for (route scope, alias, first pick): the same name the xDS
+    // translator and the standalone bootstrap give it; Envoy walks its failover order.
+    let cluster = cluster_names::aggregate_cluster(
+        cluster_names::decision_scope(&decision),
+        &call.alias,
+        first.index,
+    );
 
     let mut new_body = None;
     let mut path = pending.path.clone();
@@ -318,14 +326,11 @@ pub fn on_body(
         stamps.push((hygiene::EXPERIMENT.to_string(), a.experiment.clone()));
         stamps.push((hygiene::VARIANT.to_string(), a.variant.clone()));
     }
-    stamps.push((
-        cfg.route_header.clone(),
-        halo_envoy_config::names::upstream_cluster(&target.upstream),
-    ));
+    stamps.push((cfg.route_header.clone(), cluster.clone()));
     Ok(Forward {
         body: new_body,
         path: (path != pending.path).then_some(path),
-        cluster: halo_envoy_config::names::upstream_cluster(&target.upstream),
+        cluster,
         ring: decision.ring.clone(),
         variant: decision.experiment.as_ref().map(|a| a.variant.clone()),
         stamps,
@@ -341,23 +346,30 @@ fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
     let anthropic = |t: &&halo_policy::types::Target| {
         route::can_serve(snap, t, WireProtocol::AnthropicMessages)
     };
-    let target = snap
+    fn first<'s>(
+        (alias, t): (&'s String, &'s Vec<halo_policy::types::Target>),
+    ) -> Option<(&'s str, &'s halo_policy::types::Target)> {
+        t.first().map(|t| (alias.as_str(), t))
+    }
+    let alias = snap
         .models
-        .get("default")
-        .and_then(|t| t.first())
+        .get_key_value("default")
+        .and_then(first)
         .or_else(|| {
             snap.models
-                .values()
-                .filter_map(|t| t.first())
-                .find(anthropic)
+                .iter()
+                .filter_map(first)
+                .find(|(_, t)| anthropic(t))
         })
-        .or_else(|| snap.models.values().find_map(|t| t.first()));
-    let Some(target) = target else {
+        .or_else(|| snap.models.iter().find_map(first))
+        .map(|(alias, _)| alias);
+    let Some(alias) = alias else {
         let mut r = Reply::error(503, "no_available_target", "the policy routes no model");
         r.reason = "route";
         return Err(r);
     };
-    let cluster = halo_envoy_config::names::upstream_cluster(&target.upstream);
+    // The gateway route's aggregate whose first pick is the alias's first target.
+    let cluster = cluster_names::aggregate_cluster(cluster_names::RouteScope::Gateway, alias, 0);
     Ok(Forward {
         body: None,
         path: None,

@@ -213,7 +213,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         br#"{"model":"sonnet","x":1}"#,
     )
     .expect("routed");
-    assert_eq!(f.cluster, "halo-upstream-a");
+    assert_eq!(f.cluster, "sonnet-0");
     assert_eq!(
         f.body.as_deref(),
         Some(&br#"{"model":"claude-sonnet","x":1}"#[..])
@@ -222,7 +222,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
     assert!(f.stamps.contains(&("x-halo-release".into(), "r1".into())));
     assert!(
         f.stamps
-            .contains(&("x-halo-route".into(), "halo-upstream-a".into()))
+            .contains(&("x-halo-route".into(), "sonnet-0".into()))
     );
     let r = pipeline::on_body(&cfg, &cfg.snapshot, &pending, br#"{"model":"gpt-4"}"#)
         .expect_err("unknown");
@@ -236,7 +236,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         Some("/v1beta/models/gemini-2.5-pro:generateContent?alt=sse")
     );
     assert_eq!(f.body, None);
-    assert_eq!(f.cluster, "halo-upstream-g");
+    assert_eq!(f.cluster, "gem-0");
 }
 
 #[test]
@@ -362,4 +362,15 @@ fn kill_state_machine() {
         "unsigned is not adopted"
     );
     assert!(other.adopt(&envelope(&signer, &[], now), &key));
+}
+
+#[test]
+fn a_pushed_kill_list_needs_the_kill_switch_key_and_is_kept_as_bytes() {
+    let doc = json!({"snapshot": snapshot(Some("https://idp")), "settings": {}, "killList": "{}"});
+    let err = Config::from_bytes(doc.to_string().as_bytes()).expect_err("no key to verify it");
+    assert!(err.to_string().contains("killList"), "{err}");
+    let doc = json!({"snapshot": snapshot(Some("https://idp")), "killList": "{\"x\":1}",
+        "settings": {"killSwitch": {"cluster": "k", "url": "http://127.0.0.1:9/k", "token": "t", "pubkey": kill_pem(1)}}});
+    let c = Config::from_bytes(doc.to_string().as_bytes()).expect("accepted");
+    assert_eq!(c.kill_list.as_deref(), Some(&br#"{"x":1}"#[..]));
 }

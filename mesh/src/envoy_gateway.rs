@@ -127,10 +127,12 @@ pub fn render(snap: &Snapshot, opts: &GatewayOptions) -> Result<Vec<Value>, Mesh
         }
         rules.push(json!({
             "name": u.cluster,
-            "matches": [{
-                "path": {"type": "PathPrefix", "value": "/"},
-                "headers": [{"type": "Exact", "name": names::ROUTE_HEADER, "value": u.cluster}],
-            }],
+            "matches": u.route_values.iter()
+                .map(|v| json!({
+                    "path": {"type": "PathPrefix", "value": "/"},
+                    "headers": [{"type": "Exact", "name": names::ROUTE_HEADER, "value": v}],
+                }))
+                .collect::<Vec<_>>(),
             "filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": host}}],
             "backendRefs": [{"group": "gateway.envoyproxy.io", "kind": "Backend", "name": u.cluster, "port": u.endpoint.port}],
         }));

@@ -160,7 +160,9 @@ pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshEr
         }));
         http_routes.push(json!({
             "name": u.cluster,
-            "match": [{"headers": {names::ROUTE_HEADER: {"exact": u.cluster}}}],
+            "match": u.route_values.iter()
+                .map(|v| json!({"headers": {names::ROUTE_HEADER: {"exact": v}}}))
+                .collect::<Vec<_>>(),
             "rewrite": {"authority": host},
             "route": [{"destination": {"host": host, "port": {"number": u.endpoint.port}}}],
             // Model responses stream for minutes.

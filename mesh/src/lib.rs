@@ -16,8 +16,7 @@ pub mod envoy_gateway;
 pub mod istio;
 
 use halo_envoy_config::bootstrap::{Endpoint, endpoint, used_upstreams};
-use halo_envoy_config::names;
-use halo_policy::Snapshot;
+use halo_policy::{Snapshot, cluster_names};
 use serde_json::Value;
 
 /// Why manifests cannot be rendered.
@@ -125,23 +124,47 @@ pub fn single_target_routes(snap: &Snapshot) -> Result<(), MeshError> {
     Ok(())
 }
 
-/// One routed upstream: its policy name, the cluster name the filter writes, its endpoint.
+/// Prefix of the per-upstream mesh resources (ServiceEntry, DestinationRule, Backend, ...).
+pub const UPSTREAM_RESOURCE_PREFIX: &str = "halo-upstream-";
+
+/// One routed upstream: its policy name, the name of its mesh resources, the
+/// `x-halo-route` values the filter writes for requests it sends there, its endpoint.
 #[derive(Debug, Clone)]
 pub struct RoutedUpstream {
     pub name: String,
+    /// A Kubernetes resource name (`halo-upstream-<name>`).
     pub cluster: String,
+    /// The filter's `x-halo-route` values for this upstream: the aggregate cluster names
+    /// of [`halo_policy::cluster_names`] (one target per route in the mesh, so first pick 0),
+    /// sorted.
+    pub route_values: Vec<String>,
     pub endpoint: Endpoint,
 }
 
 /// Every upstream some route names, in name order.
 pub fn routed_upstreams(snap: &Snapshot) -> Result<Vec<RoutedUpstream>, MeshError> {
     let used = used_upstreams(snap);
+    let mut values: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (scope, routes) in cluster_names::scoped_routes(snap) {
+        for (alias, targets) in routes {
+            // single_target_routes refused every multi-target route before rendering.
+            if let [target] = targets.as_slice() {
+                values
+                    .entry(target.upstream.as_str())
+                    .or_default()
+                    .push(cluster_names::aggregate_cluster(scope, alias, 0));
+            }
+        }
+    }
     let mut out = Vec::new();
     for (name, upstream) in &snap.upstreams {
         if used.contains(name.as_str()) {
+            let mut route_values = values.remove(name.as_str()).unwrap_or_default();
+            route_values.sort();
             out.push(RoutedUpstream {
                 name: name.clone(),
-                cluster: names::upstream_cluster(name),
+                cluster: format!("{UPSTREAM_RESOURCE_PREFIX}{name}"),
+                route_values,
                 endpoint: endpoint(&format!("upstream {name}"), &upstream.url)?,
             });
         }

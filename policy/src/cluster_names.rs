@@ -23,6 +23,9 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::decide::{Decision, RouteSource};
+use crate::route::route_order;
+use crate::snapshot::{Routes, Snapshot};
 use crate::types::Target;
 
 /// Where an alias's target list comes from.
@@ -50,6 +53,59 @@ pub fn aggregate_cluster(scope: RouteScope<'_>, alias: &str, first_pick: usize) 
         } => format!("x~{experiment}~{variant}~{alias}-{first_pick}"),
         RouteScope::Toggle { toggle } => format!("g~{toggle}~{alias}-{first_pick}"),
     }
+}
+
+/// The scope of the route a decision took (its `source`, toggle and experiment).
+pub fn decision_scope(decision: &Decision) -> RouteScope<'_> {
+    match (decision.source, &decision.toggle, &decision.experiment) {
+        (RouteSource::Experiment, _, Some(a)) => RouteScope::Variant {
+            experiment: &a.experiment,
+            variant: &a.variant,
+        },
+        (RouteSource::Toggle, Some(t), _) => RouteScope::Toggle { toggle: t },
+        _ => RouteScope::Gateway,
+    }
+}
+
+/// Every route table of `snap` with its scope: the gateway's models, each experiment
+/// variant's routes, each toggle's routes. Both the xDS translator and the standalone
+/// bootstrap build one aggregate per (scope, alias, first pick) from this.
+pub fn scoped_routes(snap: &Snapshot) -> Vec<(RouteScope<'_>, &Routes)> {
+    let mut scopes: Vec<(RouteScope<'_>, &Routes)> = vec![(RouteScope::Gateway, &snap.models)];
+    for e in &snap.experiments {
+        for v in &e.variants {
+            let scope = RouteScope::Variant {
+                experiment: &e.name,
+                variant: &v.name,
+            };
+            scopes.push((scope, &v.routes));
+        }
+    }
+    for t in &snap.toggles {
+        scopes.push((RouteScope::Toggle { toggle: &t.name }, &t.routes));
+    }
+    scopes
+}
+
+/// For each target index i of `route`: the sub-cluster names in failover order when i is
+/// picked first: i, the rest of its tier in policy order, then later tiers in policy
+/// order. Earlier tiers are left out: the filter only picks a later tier first when the
+/// earlier ones cannot serve the request. A target listed twice appears once.
+pub fn failover_orders(route: &[Target], alias: &str) -> Vec<(usize, Vec<String>)> {
+    let policy_order = route_order(route, None, alias);
+    (0..route.len())
+        .map(|i| {
+            let tier = route[i].priority;
+            let mut names = vec![target_cluster(&route[i])];
+            for o in &policy_order {
+                let name = target_cluster(o.target);
+                if o.index != i && o.target.priority >= tier && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            (i, names)
+        })
+        .collect()
 }
 
 /// The one-endpoint sub-cluster of `target`.

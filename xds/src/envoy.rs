@@ -6,8 +6,9 @@ use envoy_types::pb::envoy::config::cluster::v3::{
 };
 use envoy_types::pb::envoy::config::core::v3::Address;
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, SocketAddress, TransportSocket,
-    address, config_source::ConfigSourceSpecifier, data_source, socket_address::PortSpecifier,
+    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, ExtensionConfigSource,
+    SocketAddress, TransportSocket, TypedExtensionConfig, address,
+    config_source::ConfigSourceSpecifier, data_source, socket_address::PortSpecifier,
     transport_socket,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
@@ -36,7 +37,7 @@ use envoy_types::pb::google::protobuf::{
 use prost::{Message, Name};
 
 use crate::cache::Resource;
-use crate::translate::{AggregatePlan, ListenerPlan, Plan, RoutePlan, TargetPlan};
+use crate::translate::{AggregatePlan, ListenerPlan, Plan, RoutePlan, ServicePlan, TargetPlan};
 
 /// Endpoint metadata namespace carrying a target's upstream, kind and model id.
 pub const METADATA_NAMESPACE: &str = "halo";
@@ -94,6 +95,12 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
     }
     for a in &plan.aggregates {
         out.push(Resource::new(&a.name, &aggregate_cluster(a)));
+    }
+    if let Some(j) = &plan.listener.jwks {
+        out.push(Resource::new(
+            &j.cluster,
+            &jwks_cluster(j, upstream_ca_file),
+        ));
     }
     out.push(Resource::new(
         &plan.listener.name,
@@ -293,8 +300,41 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
     }
 }
 
-/// The listener: HTTP connection manager with routes from RDS over ADS, then the router.
+/// The listener: HTTP connection manager with routes from RDS over ADS; filters jwt_authn
+/// (when the policy names an issuer), the halo wasm filter (configuration by ECDS), router.
 pub fn listener(l: &ListenerPlan) -> Listener {
+    let mut http_filters = Vec::new();
+    if let Some(jwt) = &l.jwt_authn {
+        http_filters.push(HttpFilter {
+            name: "envoy.filters.http.jwt_authn".into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(typed_struct(
+                &jwt["typed_config"],
+            ))),
+            ..HttpFilter::default()
+        });
+    }
+    if let Some(name) = &l.filter_config_name {
+        http_filters.push(HttpFilter {
+            name: name.clone(),
+            config_type: Some(http_filter::ConfigType::ConfigDiscovery(
+                ExtensionConfigSource {
+                    config_source: Some(ads()),
+                    type_urls: vec![
+                        "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm".into(),
+                    ],
+                    ..ExtensionConfigSource::default()
+                },
+            )),
+            ..HttpFilter::default()
+        });
+    }
+    http_filters.push(HttpFilter {
+        name: "envoy.filters.http.router".into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(
+            any(&Router::default()),
+        )),
+        ..HttpFilter::default()
+    });
     let hcm = HttpConnectionManager {
         stat_prefix: l.name.clone(),
         route_specifier: Some(RouteSpecifier::Rds(Rds {
@@ -302,13 +342,7 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             route_config_name: l.route_config_name.clone(),
         })),
         stream_idle_timeout: Some(seconds(l.stream_idle_timeout_seconds)),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(
-                any(&Router::default()),
-            )),
-            ..HttpFilter::default()
-        }],
+        http_filters,
         ..HttpConnectionManager::default()
     };
     Listener {
@@ -323,4 +357,153 @@ pub fn listener(l: &ListenerPlan) -> Listener {
         }],
         ..Listener::default()
     }
+}
+
+/// An Envoy JSON `typed_config` (with its `@type`) as an `Any` holding an
+/// `xds.type.v3.TypedStruct`: Envoy converts it to the named message when it loads the
+/// filter. This lets the listener reuse halo-envoy-config's JSON builders (the standalone
+/// bootstrap's) instead of a second, protobuf copy of them.
+///
+/// The Struct is encoded by hand with sorted keys (prost holds Struct fields in a
+/// HashMap), so equal JSON always gives equal bytes and the cache does not see a change.
+pub fn typed_struct(typed_config: &serde_json::Value) -> Any {
+    let type_url = typed_config
+        .get("@type")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default();
+    let mut body = typed_config.clone();
+    if let Some(m) = body.as_object_mut() {
+        m.remove("@type");
+    }
+    let mut out = Vec::new();
+    if !type_url.is_empty() {
+        len_delimited(1, type_url.as_bytes(), &mut out);
+    }
+    len_delimited(2, &struct_bytes(&body), &mut out);
+    Any {
+        type_url: "type.googleapis.com/xds.type.v3.TypedStruct".into(),
+        value: out,
+    }
+}
+
+/// google.protobuf.Struct bytes of a JSON object (anything else: an empty Struct).
+fn struct_bytes(v: &serde_json::Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Some(m) = v.as_object() {
+        let mut keys: Vec<&String> = m.keys().collect();
+        keys.sort();
+        for k in keys {
+            let mut entry = Vec::new();
+            len_delimited(1, k.as_bytes(), &mut entry);
+            len_delimited(2, &value_bytes(&m[k]), &mut entry);
+            len_delimited(1, &entry, &mut out);
+        }
+    }
+    out
+}
+
+/// google.protobuf.Value bytes of a JSON value.
+fn value_bytes(v: &serde_json::Value) -> Vec<u8> {
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    let mut out = Vec::new();
+    match v {
+        serde_json::Value::Null => {
+            encode_key(1, WireType::Varint, &mut out);
+            encode_varint(0, &mut out);
+        }
+        serde_json::Value::Number(n) => {
+            encode_key(2, WireType::SixtyFourBit, &mut out);
+            out.extend_from_slice(&n.as_f64().unwrap_or(0.0).to_le_bytes());
+        }
+        serde_json::Value::String(s) => len_delimited(3, s.as_bytes(), &mut out),
+        serde_json::Value::Bool(b) => {
+            encode_key(4, WireType::Varint, &mut out);
+            encode_varint(u64::from(*b), &mut out);
+        }
+        serde_json::Value::Object(_) => len_delimited(5, &struct_bytes(v), &mut out),
+        serde_json::Value::Array(items) => {
+            let mut list = Vec::new();
+            for i in items {
+                len_delimited(1, &value_bytes(i), &mut list);
+            }
+            len_delimited(6, &list, &mut out);
+        }
+    }
+    out
+}
+
+/// A one-endpoint service cluster: the issuer's JWKS, the kill-list server.
+pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
+    let target = TargetPlan {
+        name: j.cluster.clone(),
+        upstream: String::new(),
+        kind: String::new(),
+        model: String::new(),
+        host: j.host.clone(),
+        port: j.port,
+        resolve: j.host.parse::<std::net::IpAddr>().is_err(),
+        tls_sni: j.tls_sni.clone(),
+        connect_timeout_seconds: 5,
+        breaker: crate::translate::Breaker::default(),
+    };
+    let mut c = target_cluster_without_endpoint(&target, upstream_ca_file);
+    c.outlier_detection = None;
+    if j.tls && j.tls_sni.is_none() {
+        // An https IP literal (a loopback or in-cluster issuer): TLS, its IP as the SAN.
+        let tls = UpstreamTlsContext {
+            common_tls_context: Some(CommonTlsContext {
+                validation_context_type: Some(ValidationContextType::ValidationContext(
+                    CertificateValidationContext {
+                        trusted_ca: Some(DataSource {
+                            specifier: Some(data_source::Specifier::Filename(
+                                upstream_ca_file.to_string(),
+                            )),
+                            ..DataSource::default()
+                        }),
+                        match_typed_subject_alt_names: vec![SubjectAltNameMatcher {
+                            san_type: SanType::IpAddress as i32,
+                            matcher: Some(StringMatcher {
+                                match_pattern: Some(MatchPattern::Exact(j.host.clone())),
+                                ..StringMatcher::default()
+                            }),
+                            ..SubjectAltNameMatcher::default()
+                        }],
+                        ..CertificateValidationContext::default()
+                    },
+                )),
+                ..CommonTlsContext::default()
+            }),
+            ..UpstreamTlsContext::default()
+        };
+        c.transport_socket = Some(TransportSocket {
+            name: "envoy.transport_sockets.tls".into(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(any(&tls))),
+        });
+    }
+    c.load_assignment = Some(ClusterLoadAssignment {
+        cluster_name: j.cluster.clone(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints: vec![LbEndpoint {
+                host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                    address: Some(socket(&j.host, j.port)),
+                    hostname: j.host.clone(),
+                    ..Endpoint::default()
+                })),
+                ..LbEndpoint::default()
+            }],
+            ..LocalityLbEndpoints::default()
+        }],
+        ..ClusterLoadAssignment::default()
+    });
+    c
+}
+
+/// The halo filter's ECDS resource: `wasm_filter` is halo-envoy-config's HTTP filter JSON
+/// (`{name, typed_config}`); its typed_config goes out as a TypedStruct.
+pub fn filter_config(name: &str, wasm_filter: &serde_json::Value) -> Resource {
+    let config = TypedExtensionConfig {
+        name: name.to_string(),
+        typed_config: Some(typed_struct(&wasm_filter["typed_config"])),
+    };
+    Resource::new(name, &config)
 }

@@ -33,12 +33,14 @@ pub mod cache;
 pub mod envoy;
 pub mod metrics;
 pub mod server;
+pub mod source;
 pub mod translate;
 
 pub use cache::{NodeKey, NodeStatus, Resource, Snapshot, SnapshotCache, TypeStatus, type_url};
 pub use metrics::Metrics;
 pub use server::{ServeError, serve, serve_with_shutdown};
-pub use translate::{GatewaySettings, Plan, TranslateError, plan};
+pub use source::{PolicySource, SourceStatus};
+pub use translate::{FILTER_CONFIG_NAME, GatewaySettings, Plan, TranslateError, plan};
 
 /// Translate `compiled` under `settings` into a cache snapshot whose version is the
 /// compiled snapshot's version (sha256 of its bytes) and the settings'.
@@ -46,13 +48,47 @@ pub fn snapshot_of(
     compiled: &halo_policy::Snapshot,
     settings: &GatewaySettings,
 ) -> Result<Snapshot, TranslateError> {
+    snapshot_with_kill_list(compiled, settings, None)
+}
+
+/// [`snapshot_of`], with the current signed kill-list envelope (halo-server's, as JSON
+/// text) delivered to the filter in its configuration's `killList`: the filter verifies
+/// it with the kill public key exactly as a polled one; the poll stays as the fallback.
+pub fn snapshot_with_kill_list(
+    compiled: &halo_policy::Snapshot,
+    settings: &GatewaySettings,
+    kill_list: Option<&str>,
+) -> Result<Snapshot, TranslateError> {
     let plan = plan(compiled, settings)?;
-    let resources = envoy::resources(&plan, &settings.upstream_ca_file);
+    let mut resources = envoy::resources(&plan, &settings.upstream_ca_file);
+    let mut filter_settings = settings.filter_settings.clone();
+    if let (Some(ks), Some(m)) = (&plan.listener.killswitch, filter_settings.as_object_mut()) {
+        let entry = m
+            .entry("killSwitch")
+            .or_insert_with(|| serde_json::json!({}));
+        entry["cluster"] = serde_json::json!(ks.cluster);
+        entry["url"] = serde_json::json!(ks.uri);
+    }
+    let mut wasm =
+        halo_envoy_config::bootstrap::wasm_filter(&settings.wasm_path, compiled, &filter_settings);
+    if let Some(envelope) = kill_list {
+        let slot = &mut wasm["typed_config"]["config"]["configuration"]["value"];
+        if let Some(text) = slot.as_str()
+            && let Ok(mut cfg) = serde_json::from_str::<serde_json::Value>(text)
+        {
+            cfg["killList"] = serde_json::Value::String(envelope.to_string());
+            *slot = serde_json::Value::String(cfg.to_string());
+        }
+    }
+    if let Some(name) = &plan.listener.filter_config_name {
+        resources.push(envoy::filter_config(name, &wasm));
+    }
     let settings_json = serde_json::to_vec(settings).unwrap_or_default();
     let version = format!(
-        "{}.{}",
+        "{}.{}.{}",
         &compiled.version()[..16],
-        &halo_policy::Snapshot::version_of(&settings_json)[..8]
+        &halo_policy::Snapshot::version_of(&settings_json)[..8],
+        &halo_policy::Snapshot::version_of(kill_list.unwrap_or_default().as_bytes())[..8]
     );
     Ok(Snapshot::from_resources(version, resources))
 }

@@ -21,9 +21,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use halo_policy::cluster_names::{RouteScope, aggregate_cluster, target_cluster};
-use halo_policy::route::route_order;
-use halo_policy::snapshot::Routes;
+use halo_policy::cluster_names::{
+    aggregate_cluster, failover_orders, scoped_routes, target_cluster,
+};
 use halo_policy::{Snapshot, Target};
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +47,20 @@ pub struct GatewaySettings {
     pub stream_idle_timeout_seconds: u32,
     /// CA bundle that verifies https upstreams.
     pub upstream_ca_file: String,
+    /// Path of halo_filter.wasm as Envoy sees it.
+    pub wasm_path: String,
+    /// The filter's `settings` object (identity, forwardAuth, maxBodyBytes, killSwitch...),
+    /// delivered with the snapshot by ECDS.
+    pub filter_settings: serde_json::Value,
+    /// The issuer's JWKS URL; default `<issuer>/.well-known/jwks.json`.
+    pub jwks_uri: Option<String>,
+    /// Put the halo filter in the chain (default). Off only to test the routing layer on
+    /// its own, with the route header sent by the test client: never in a gateway.
+    pub halo_filter: bool,
+    /// halo-server's kill-list URL (GET /api/v1/gateway/killswitch): the filter's poll,
+    /// the fallback to the kill list pushed in its configuration. Gets the
+    /// `halo-killswitch` cluster; `filterSettings.killSwitch.{cluster,url}` are filled in.
+    pub killswitch_url: Option<String>,
 }
 
 impl Default for GatewaySettings {
@@ -62,6 +76,11 @@ impl Default for GatewaySettings {
             default_connect_timeout_seconds: 10,
             stream_idle_timeout_seconds: 300,
             upstream_ca_file: "/etc/ssl/certs/ca-certificates.crt".into(),
+            wasm_path: "/usr/local/lib/halo/halo_filter.wasm".into(),
+            filter_settings: serde_json::json!({}),
+            jwks_uri: None,
+            halo_filter: true,
+            killswitch_url: None,
         }
     }
 }
@@ -101,10 +120,37 @@ pub struct Plan {
 #[serde(rename_all = "camelCase")]
 pub struct ListenerPlan {
     pub name: String,
+    /// jwt_authn's configuration (halo-envoy-config's builder, Envoy JSON), when the
+    /// policy names an issuer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jwt_authn: Option<serde_json::Value>,
+    /// The JWKS cluster jwt_authn fetches keys through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jwks: Option<ServicePlan>,
+    /// The kill-list server's cluster (the filter's poll).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killswitch: Option<ServicePlan>,
+    /// Name of the ECDS resource carrying the halo filter's configuration; `None`: no
+    /// halo filter (routing-layer tests only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter_config_name: Option<String>,
     pub address: String,
     pub port: u16,
     pub route_config_name: String,
     pub stream_idle_timeout_seconds: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePlan {
+    pub cluster: String,
+    /// https: TLS, verified against upstreamCaFile (SNI + DNS SAN for a host name, an IP
+    /// SAN for an IP literal).
+    pub tls: bool,
+    pub uri: String,
+    pub host: String,
+    pub port: u16,
+    pub tls_sni: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -161,7 +207,26 @@ pub enum TranslateError {
     BadUrl { upstream: String, url: String },
     #[error("settings: maxAttempts must be at least 1")]
     NoAttempts,
+    #[error("settings: {0} {1:?} is not an absolute http(s) URL with a host")]
+    BadServiceUrl(&'static str, String),
 }
+
+fn service(what: &'static str, cluster: &str, uri: String) -> Result<ServicePlan, TranslateError> {
+    let ep = halo_envoy_config::bootstrap::endpoint(what, &uri)
+        .map_err(|_| TranslateError::BadServiceUrl(what, uri.clone()))?;
+    let is_ip = ep.host.parse::<IpAddr>().is_ok();
+    Ok(ServicePlan {
+        cluster: cluster.into(),
+        tls: ep.tls,
+        tls_sni: (ep.tls && !is_ip).then(|| ep.host.clone()),
+        uri,
+        host: ep.host,
+        port: ep.port,
+    })
+}
+
+/// The ECDS resource name of the halo filter's configuration.
+pub const FILTER_CONFIG_NAME: &str = "halo";
 
 /// Decide every resource for `snap` under `settings`.
 pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, TranslateError> {
@@ -171,21 +236,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
     let mut targets: BTreeMap<String, TargetPlan> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, AggregatePlan> = BTreeMap::new();
 
-    let mut scopes: Vec<(RouteScope<'_>, &Routes)> = vec![(RouteScope::Gateway, &snap.models)];
-    for e in &snap.experiments {
-        for v in &e.variants {
-            let scope = RouteScope::Variant {
-                experiment: &e.name,
-                variant: &v.name,
-            };
-            scopes.push((scope, &v.routes));
-        }
-    }
-    for t in &snap.toggles {
-        scopes.push((RouteScope::Toggle { toggle: &t.name }, &t.routes));
-    }
-
-    for (scope, routes) in scopes {
+    for (scope, routes) in scoped_routes(snap) {
         for (alias, route) in routes {
             for target in route {
                 let name = target_cluster(target);
@@ -209,8 +260,41 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         }
     }
 
+    let identity = snap.identity.as_ref().filter(|i| !i.issuer.is_empty());
+    let jwks = match identity {
+        None => None,
+        Some(id) => {
+            let uri = settings.jwks_uri.clone().unwrap_or_else(|| {
+                format!("{}/.well-known/jwks.json", id.issuer.trim_end_matches('/'))
+            });
+            Some(service(
+                "jwksUri",
+                halo_envoy_config::names::JWKS_CLUSTER,
+                uri,
+            )?)
+        }
+    };
+    let killswitch = settings
+        .killswitch_url
+        .clone()
+        .map(|u| {
+            service(
+                "killswitchUrl",
+                halo_envoy_config::names::KILLSWITCH_CLUSTER,
+                u,
+            )
+        })
+        .transpose()?;
+    let jwt_authn = jwks
+        .as_ref()
+        .and_then(|j| halo_envoy_config::bootstrap::jwt_authn(snap, &j.uri));
+
     Ok(Plan {
         listener: ListenerPlan {
+            jwt_authn,
+            jwks,
+            killswitch,
+            filter_config_name: settings.halo_filter.then(|| FILTER_CONFIG_NAME.into()),
             name: settings.listener_name.clone(),
             address: settings.listen_address.clone(),
             port: settings.listen_port,
@@ -232,27 +316,6 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         aggregates: aggregates.into_values().collect(),
         targets: targets.into_values().collect(),
     })
-}
-
-/// For each target index i of `route`: the sub-cluster names in failover order when i is
-/// picked first: i, the rest of its tier in policy order, then later tiers in policy
-/// order. Earlier tiers are left out: the filter only picks a later tier first when the
-/// earlier ones cannot serve the request. A target listed twice appears once.
-fn failover_orders(route: &[Target], alias: &str) -> Vec<(usize, Vec<String>)> {
-    let policy_order = route_order(route, None, alias);
-    (0..route.len())
-        .map(|i| {
-            let tier = route[i].priority;
-            let mut names = vec![target_cluster(&route[i])];
-            for o in &policy_order {
-                let name = target_cluster(o.target);
-                if o.index != i && o.target.priority >= tier && !names.contains(&name) {
-                    names.push(name);
-                }
-            }
-            (i, names)
-        })
-        .collect()
 }
 
 fn plan_target(

@@ -152,6 +152,9 @@ fn settings(listen_port: u16) -> GatewaySettings {
     GatewaySettings {
         listen_address: "127.0.0.1".into(),
         listen_port,
+        // The routing layer on its own: the test client sends x-halo-route itself (the
+        // full chain with the filter is tests/tests/xds.rs in halo-e2e).
+        halo_filter: false,
         ..GatewaySettings::default()
     }
 }
@@ -485,4 +488,41 @@ fn a_first_target_answering_503_fails_over_to_the_next_in_the_aggregate() {
     let before = a.hits.load(Ordering::SeqCst);
     assert_eq!(via(listen_port, "m-1"), Some((200, "b".into())));
     assert_eq!(a.hits.load(Ordering::SeqCst), before);
+}
+
+#[test]
+fn a_target_failing_5_times_in_a_row_is_skipped_and_a_refused_connection_fails_over() {
+    // a answers 503 on every request; c's port has no listener (connection refused).
+    let (a, b) = (upstream("a", 503), upstream("b", 200));
+    let refused = free_port();
+    let ups = [("a", a.port), ("b", b.port), ("c", refused)];
+    let (ads_port, admin_port, listen_port) = (free_port(), free_port(), free_port());
+    let cache = SnapshotCache::new();
+    cache.set(
+        NodeKey::Default,
+        snapshot_of(
+            &policy(
+                &ups,
+                vec![target("a", "ma"), target("b", "mb"), target("c", "mc")],
+            ),
+            &settings(listen_port),
+        )
+        .expect("translates"),
+    );
+    let _cp = ControlPlane::start(ads_port, cache);
+    let _envoy = Envoy::start(&bootstrap("gw-breaker", ads_port, admin_port), admin_port);
+    wait_body(listen_port, "m-0", "b");
+    // Keep asking m-0 (first pick a): every answer comes from b, and a is asked only until
+    // its breaker opens after 5 consecutive failures (then skipped for 30 s).
+    for _ in 0..15 {
+        assert_eq!(via(listen_port, "m-0"), Some((200, "b".into())));
+    }
+    assert_eq!(
+        a.hits.load(Ordering::SeqCst),
+        5,
+        "a is skipped once 5 failures in a row opened its breaker"
+    );
+    // m-2 leads with c, whose connection is refused: the retry goes on to a tier-mate.
+    let answer = via(listen_port, "m-2");
+    assert_eq!(answer, Some((200, "b".into())));
 }

@@ -51,7 +51,14 @@ fn acme_corp_translation_is_deterministic_and_complete() {
     assert_eq!(a.resources, b.resources);
     let plan = plan(&acme(), &settings).expect("translates");
     let clusters = &a.resources[type_url::CLUSTER];
-    assert_eq!(clusters.len(), plan.targets.len() + plan.aggregates.len());
+    // Targets, aggregates and the issuer's JWKS cluster (acme-corp names an issuer).
+    assert!(plan.listener.jwks.is_some());
+    assert_eq!(
+        clusters.len(),
+        plan.targets.len() + plan.aggregates.len() + 1
+    );
+    // The halo filter's configuration travels by ECDS.
+    assert_eq!(a.resources[type_url::EXTENSION_CONFIG].len(), 1);
     // Every aggregate lists only sub-clusters that exist, and every alias has `<alias>-0`.
     let names: std::collections::BTreeSet<&str> =
         plan.targets.iter().map(|t| t.name.as_str()).collect();

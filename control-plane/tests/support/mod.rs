@@ -75,6 +75,8 @@ impl Env {
             enrollment_ttl: Duration::from_secs(3600),
             oidc_ca_file: Some(self.path("oidc-ca.pem")),
             max_body_bytes: 4096,
+            xds_listen: None,
+            xds_gateway_file: None,
         }
     }
 

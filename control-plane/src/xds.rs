@@ -1,0 +1,150 @@
+//! The xDS host (`--xds-listen`): halo-xds's ADS server on its own port, fed by the
+//! policy source (the policy dir, watched by content hash every 250 ms) and the kill
+//! switch (every signed envelope goes into the filter's configuration at once; the
+//! filter verifies it with the kill public key, and its poll of GET
+//! /api/v1/gateway/killswitch stays as the fallback).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use halo_xds::{GatewaySettings, PolicySource, SnapshotCache, SourceStatus};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::api::AppState;
+use crate::config::Settings;
+
+/// How often the policy dir's content hash is checked.
+pub const POLICY_POLL: Duration = Duration::from_millis(250);
+
+/// A running xDS host.
+pub struct XdsHost {
+    pub addr: SocketAddr,
+    pub cache: SnapshotCache,
+    source: PolicySource,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for XdsHost {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for XdsHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdsHost")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl XdsHost {
+    /// The policy source's status and every node's xDS status.
+    pub fn status(&self) -> serde_json::Value {
+        let source: SourceStatus = self.source.status();
+        json!({"source": source, "nodes": self.cache.status()})
+    }
+}
+
+/// The gateway settings: the file's, with the filter's kill-switch settings (public key,
+/// gateway token) and the poll URL filled in from this server when the kill switch is on.
+fn gateway_settings(settings: &Settings, api_addr: SocketAddr) -> anyhow::Result<GatewaySettings> {
+    let mut gs: GatewaySettings = match &settings.xds_gateway_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => GatewaySettings::default(),
+    };
+    if let (Some(key_file), Some(token_file)) =
+        (&settings.killswitch_key_file, &settings.gateway_token_file)
+        && settings.kill_switch_enabled()
+    {
+        let pem = std::fs::read_to_string(key_file)
+            .with_context(|| format!("reading {}", key_file.display()))?;
+        let key = halo_policy::keys::signing_key_from_pem(&pem)
+            .with_context(|| format!("kill-switch key {}", key_file.display()))?;
+        let public = halo_policy::keys::KeyPair::from_signing_key(&key)
+            .context("kill-switch public key")?
+            .public_pem
+            .clone();
+        let token = std::fs::read_to_string(token_file)
+            .with_context(|| format!("reading {}", token_file.display()))?
+            .trim()
+            .to_string();
+        if !gs.filter_settings.is_object() {
+            anyhow::bail!("gateway settings: filterSettings must be an object");
+        }
+        let ks = &mut gs.filter_settings["killSwitch"];
+        if !ks.is_object() {
+            *ks = json!({});
+        }
+        ks["pubkey"] = json!(public);
+        if ks.get("token").is_none() {
+            ks["token"] = json!(token);
+        }
+        if gs.killswitch_url.is_none() {
+            gs.killswitch_url = Some(format!("http://{api_addr}/api/v1/gateway/killswitch"));
+        }
+    }
+    Ok(gs)
+}
+
+/// Bind `--xds-listen`, serve the policy dir and the kill list.
+pub async fn start(
+    settings: &Settings,
+    state: &Arc<AppState>,
+    api_addr: SocketAddr,
+) -> anyhow::Result<Option<XdsHost>> {
+    let Some(listen) = settings.xds_listen else {
+        return Ok(None);
+    };
+    let gs = gateway_settings(settings, api_addr)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding --xds-listen {listen}"))?;
+    let addr = listener.local_addr()?;
+    let cache = SnapshotCache::new();
+    let (tx, rx) = watch::channel(None::<String>);
+    let mut tasks = Vec::new();
+    if let Some(ks) = &state.killswitch {
+        let mut signed = ks.subscribe();
+        let text = |s: &crate::killswitch::SignedList| String::from_utf8(s.envelope.to_vec()).ok();
+        let _ = tx.send(text(&signed.borrow_and_update()));
+        tasks.push(tokio::spawn(async move {
+            while signed.changed().await.is_ok() {
+                let envelope = text(&signed.borrow_and_update());
+                if tx.send(envelope).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    let source = PolicySource::spawn(
+        settings.policy_dir.clone(),
+        POLICY_POLL,
+        gs,
+        cache.clone(),
+        rx,
+    )
+    .map_err(|e| anyhow::anyhow!("xDS policy source: {e}"))?;
+    let serving = cache.clone();
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = halo_xds::serve(listener, serving).await {
+            tracing::error!(error = %e, "xDS listener failed");
+        }
+    }));
+    tracing::info!(%addr, "xDS (ADS) listening");
+    Ok(Some(XdsHost {
+        addr,
+        cache,
+        source,
+        tasks,
+    }))
+}

@@ -1,0 +1,192 @@
+//! xDS mode end to end: an Envoy booted from envoy/ads.yaml alone gets its listener (jwt_authn,
+//! the halo filter by ECDS, router), routes and clusters from halo-xds, and serves
+//! JWT-authenticated model calls of the test policy through the filter.
+
+use std::time::Duration;
+
+use halo_e2e::{Gateway, Issuer, Providers, bearer, client_builder, test_snapshot};
+use halo_testkit::envoy::Envoy;
+use halo_testkit::{free_port, workspace_root};
+use halo_xds::{GatewaySettings, NodeKey, SnapshotCache, snapshot_of};
+use serde_json::{Value, json};
+
+fn msg(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// envoy/ads.yaml with this test's node id and ports.
+fn bootstrap(node: &str, ads_port: u16, admin_port: u16) -> String {
+    let yaml =
+        std::fs::read_to_string(workspace_root().join("envoy/ads.yaml")).expect("envoy/ads.yaml");
+    yaml.replace("id: halo-gateway", &format!("id: {node}"))
+        .replace("port_value: 18000", &format!("port_value: {ads_port}"))
+        .replace("port_value: 9901", &format!("port_value: {admin_port}"))
+}
+
+fn settings(port: u16) -> GatewaySettings {
+    GatewaySettings {
+        listen_address: "127.0.0.1".into(),
+        listen_port: port,
+        wasm_path: halo_testkit::filter_wasm().display().to_string(),
+        ..GatewaySettings::default()
+    }
+}
+
+/// Start the ADS server on a free port serving `cache`, and an Envoy from ads.yaml.
+async fn start(cache: &SnapshotCache, node: &str) -> Envoy {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind ADS");
+    let ads_port = listener.local_addr().expect("addr").port();
+    tokio::spawn(halo_xds::serve(listener, cache.clone()));
+    let admin = free_port();
+    tokio::task::block_in_place(|| Envoy::start(&bootstrap(node, ads_port, admin), admin))
+}
+
+/// POST until the answer satisfies `done` (bounded).
+async fn poll(gw: &Gateway, token: &str, model: &str, done: impl Fn(u16, &Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = gw
+            .client
+            .post(format!("{}/v1/messages", gw.base))
+            .header("authorization", token)
+            .json(&msg(model))
+            .send()
+            .await;
+        if let Ok(a) = a {
+            let status = a.status().as_u16();
+            let body: Value = a.json().await.unwrap_or(Value::Null);
+            if done(status, &body) {
+                return body;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no matching answer in time; Envoy log:\n{}",
+            gw.envoy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_split_over_1000_users_is_within_3_points_and_sticky_through_xds() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let snap = test_snapshot(&issuer.url, &p);
+    let port = free_port();
+    let cache = SnapshotCache::new();
+    cache.set(
+        NodeKey::Default,
+        snapshot_of(&snap, &settings(port)).expect("translate"),
+    );
+    let envoy = start(&cache, "gw-split").await;
+    let gw = Gateway {
+        envoy,
+        port,
+        base: format!("http://127.0.0.1:{port}"),
+        snapshot: snap.clone(),
+        client: client_builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client"),
+    };
+    let first = bearer(&issuer.token("user0@acme.test", &[]));
+    poll(&gw, &first, "weighted", |s, _| s == 200).await;
+
+    // "weighted" is 50/50 prov-a (model-a) / prov-b (model-b), sticky per user + session.
+    let mut on_a = 0usize;
+    for n in 0..1000 {
+        let token = bearer(&issuer.token(&format!("user{n}@acme.test"), &[]));
+        let session = format!("s-{n}");
+        let headers = [
+            ("authorization", token.as_str()),
+            ("x-claude-code-session-id", session.as_str()),
+        ];
+        let a = gw.post("/v1/messages", &headers, &msg("weighted")).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        let provider = a.json()["provider"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let model = a.json()["model"].as_str().unwrap_or_default().to_string();
+        match provider.as_str() {
+            "prov-a" => {
+                assert_eq!(model, "model-a");
+                on_a += 1;
+            }
+            "prov-b" => assert_eq!(model, "model-b"),
+            other => panic!("unexpected provider {other:?}"),
+        }
+        // Sticky: the same user and session lands on the same target again.
+        if n % 50 == 0 {
+            let again = gw.post("/v1/messages", &headers, &msg("weighted")).await;
+            assert_eq!(again.json()["provider"].as_str(), Some(provider.as_str()));
+        }
+    }
+    let share = on_a as f64 / 10.0;
+    assert!(
+        (47.0..=53.0).contains(&share),
+        "prov-a got {share}% of 1,000 users"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_from_ads_yaml_alone_serves_jwt_calls_through_the_filter() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let snap = test_snapshot(&issuer.url, &p);
+    let port = free_port();
+    let cache = SnapshotCache::new();
+    cache.set(
+        NodeKey::Default,
+        snapshot_of(&snap, &settings(port)).expect("translate"),
+    );
+    let envoy = start(&cache, "gw-e2e").await;
+    let gw = Gateway {
+        envoy,
+        port,
+        base: format!("http://127.0.0.1:{port}"),
+        snapshot: snap.clone(),
+        client: client_builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client"),
+    };
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+
+    // The filter rewrote the alias to the target's model and routed to its aggregate.
+    let body = poll(&gw, &token, "haiku", |s, _| s == 200).await;
+    assert_eq!(body["provider"], "prov-a", "{body}");
+    assert_eq!(body["model"], "claude-haiku-4-5");
+    let seen = p.a.seen().pop().expect("prov-a got the call");
+    assert_eq!(seen.header("x-halo-ring"), Some("general"));
+    assert_eq!(seen.header("authorization"), None, "credentials stripped");
+    assert_eq!(seen.header("x-halo-route"), None);
+
+    // jwt_authn is in the chain: no token, and a forged one, are refused by the filter.
+    let a = gw.post("/v1/messages", &[], &msg("haiku")).await;
+    assert_eq!(a.status, 401, "{}", a.text());
+    let forged = bearer(&issuer.forge(&issuer.claims("dave@acme.test", &[])));
+    let a = gw
+        .post("/v1/messages", &[("authorization", &forged)], &msg("haiku"))
+        .await;
+    assert_eq!(a.status, 401, "{}", a.text());
+
+    // A policy change (haiku moves to prov-b) reaches the filter by ECDS without a restart.
+    let mut changed = snap.clone();
+    if let Some(route) = changed.models.get_mut("haiku") {
+        route[0].upstream = "prov-b".into();
+        route[0].model = "haiku-on-b".into();
+    }
+    cache.set(
+        NodeKey::Default,
+        snapshot_of(&changed, &settings(port)).expect("translate"),
+    );
+    let body = poll(&gw, &token, "haiku", |s, b| {
+        s == 200 && b["provider"] == "prov-b"
+    })
+    .await;
+    assert_eq!(body["model"], "haiku-on-b");
+}

@@ -1,0 +1,227 @@
+//! The policy source: a policy directory watched by polling its content hash, and the
+//! kill list, turned into cache snapshots.
+//!
+//! [`PolicySource::spawn`] loads, validates and compiles the directory, then checks its
+//! content hash every `interval` (bounded, 250 ms by default in halo-server). A change that
+//! loads, validates (no errors) and translates replaces the served policy and is pushed;
+//! anything else is logged (the issues only: policy text may carry names, never secrets,
+//! but the log stays short), counted in `rejected`, recorded in [`SourceStatus`], and the
+//! last good policy keeps serving. A new kill-list envelope on the watch channel is pushed
+//! at once with the current policy (the filter verifies it with the kill public key).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::{GatewaySettings, NodeKey, SnapshotCache, snapshot_with_kill_list};
+
+/// What the source serves and what it refused, for the status API.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceStatus {
+    /// Version (sha256) of the compiled policy being served.
+    pub served_version: Option<String>,
+    /// Content hash of the directory that produced it.
+    pub served_dir_hash: Option<String>,
+    /// Policies accepted and pushed since start (the first included).
+    pub accepted: u64,
+    /// Directory states refused (invalid, unreadable, untranslatable).
+    pub rejected: u64,
+    /// Why the last refused state was refused (one line per problem).
+    pub last_rejection: Option<Vec<String>>,
+    /// The directory hash of the last refused state (not retried until it changes).
+    pub rejected_dir_hash: Option<String>,
+    /// Kill-list envelopes pushed.
+    pub kill_pushes: u64,
+}
+
+/// Why the first load failed (later failures keep the old policy instead).
+#[derive(Debug, thiserror::Error)]
+#[error("policy {dir}: {problems:?}")]
+pub struct SourceError {
+    pub dir: String,
+    pub problems: Vec<String>,
+}
+
+/// A running policy source. Dropping it stops the watcher.
+pub struct PolicySource {
+    status: Arc<Mutex<SourceStatus>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PolicySource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The content hash of a policy directory: relative path and bytes of every YAML file.
+pub fn dir_hash(dir: &Path) -> std::io::Result<String> {
+    let mut files = Vec::new();
+    collect(dir, dir, &mut files)?;
+    files.sort();
+    let mut h = Sha256::new();
+    for (rel, path) in files {
+        h.update(rel.as_bytes());
+        h.update([0]);
+        let bytes = std::fs::read(&path)?;
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            collect(root, &path, out)?;
+        } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+            let rel = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            out.push((rel, path));
+        }
+    }
+    Ok(())
+}
+
+/// Load, validate and compile `dir`: the compiled snapshot, or every problem as a line.
+pub fn load_policy(dir: &Path) -> Result<halo_policy::Snapshot, Vec<String>> {
+    let org = match halo_policy::load::load_dir(dir) {
+        Ok(org) => org,
+        Err(halo_policy::load::LoadError::Invalid(issues)) => {
+            return Err(issues.iter().map(|i| i.to_string()).collect());
+        }
+        Err(e) => return Err(vec![e.to_string()]),
+    };
+    let issues = halo_policy::validate::validate(&org);
+    if halo_policy::issue::has_errors(&issues) {
+        return Err(issues
+            .iter()
+            .filter(|i| i.is_error())
+            .map(|i| i.to_string())
+            .collect());
+    }
+    Ok(halo_policy::compile(&org))
+}
+
+impl PolicySource {
+    /// Serve `dir` into `cache` (default node), re-reading it when its content hash
+    /// changes (checked every `interval`), and push every new envelope from `kill_list`.
+    /// The first load must succeed.
+    pub fn spawn(
+        dir: PathBuf,
+        interval: Duration,
+        settings: GatewaySettings,
+        cache: SnapshotCache,
+        mut kill_list: watch::Receiver<Option<String>>,
+    ) -> Result<PolicySource, SourceError> {
+        let status = Arc::new(Mutex::new(SourceStatus::default()));
+        let fail = |problems| SourceError {
+            dir: dir.display().to_string(),
+            problems,
+        };
+        let hash = dir_hash(&dir).map_err(|e| fail(vec![e.to_string()]))?;
+        let mut served = load_policy(&dir).map_err(fail)?;
+        let envelope = kill_list.borrow_and_update().clone();
+        let snap = snapshot_with_kill_list(&served, &settings, envelope.as_deref())
+            .map_err(|e| fail(vec![e.to_string()]))?;
+        cache.set(NodeKey::Default, snap);
+        {
+            let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+            s.served_version = Some(served.version());
+            s.served_dir_hash = Some(hash.clone());
+            s.accepted = 1;
+        }
+        tracing::info!(dir = %dir.display(), version = %served.version(), "policy served");
+
+        let st = status.clone();
+        let task = tokio::spawn(async move {
+            let mut seen = hash;
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut kills_open = true;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    changed = kill_list.changed(), if kills_open => {
+                        if changed.is_err() {
+                            kills_open = false;
+                            continue;
+                        }
+                        let envelope = kill_list.borrow_and_update().clone();
+                        match snapshot_with_kill_list(&served, &settings, envelope.as_deref()) {
+                            Ok(snap) => {
+                                cache.set(NodeKey::Default, snap);
+                                let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                                s.kill_pushes += 1;
+                            }
+                            Err(e) => tracing::error!(error = %e, "kill list push failed"),
+                        }
+                        continue;
+                    }
+                }
+                let hash = match dir_hash(&dir) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "policy directory unreadable; keeping the served policy");
+                        continue;
+                    }
+                };
+                let refused_already = st
+                    .lock()
+                    .map(|s| s.rejected_dir_hash.as_deref() == Some(hash.as_str()))
+                    .unwrap_or(false);
+                if hash == seen || refused_already {
+                    continue;
+                }
+                let envelope = kill_list.borrow().clone();
+                let result = load_policy(&dir).and_then(|compiled| {
+                    snapshot_with_kill_list(&compiled, &settings, envelope.as_deref())
+                        .map(|snap| (compiled, snap))
+                        .map_err(|e| vec![e.to_string()])
+                });
+                let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                match result {
+                    Ok((compiled, snap)) => {
+                        cache.set(NodeKey::Default, snap);
+                        tracing::info!(dir = %dir.display(), version = %compiled.version(), "policy change pushed");
+                        s.served_version = Some(compiled.version());
+                        s.served_dir_hash = Some(hash.clone());
+                        s.accepted += 1;
+                        s.rejected_dir_hash = None;
+                        served = compiled;
+                        seen = hash;
+                    }
+                    Err(problems) => {
+                        tracing::error!(dir = %dir.display(), problems = ?problems, "policy change refused; the last good policy keeps serving");
+                        s.rejected += 1;
+                        s.last_rejection = Some(problems);
+                        s.rejected_dir_hash = Some(hash);
+                    }
+                }
+            }
+        });
+        Ok(PolicySource { status, task })
+    }
+
+    /// What is served and what was refused.
+    pub fn status(&self) -> SourceStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
