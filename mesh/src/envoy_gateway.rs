@@ -14,7 +14,7 @@ use halo_envoy_config::names;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
 
-use crate::{Image, MeshError, jwks_uri, labels, routed_upstreams, settings_with_key};
+use crate::{Image, MeshError, jwks_uri, metadata, routed_upstreams, settings_with_key};
 
 /// What the Envoy Gateway manifests are rendered from, besides the snapshot.
 #[derive(Debug, Clone)]
@@ -35,19 +35,10 @@ pub struct GatewayOptions {
     pub settings: Value,
 }
 
-fn metadata(name: &str, ns: &str) -> Value {
-    json!({"name": name, "namespace": ns, "labels": labels()})
-}
-
 /// Every Envoy Gateway manifest for `snap`, or why the mesh path cannot serve it.
 pub fn render(snap: &Snapshot, opts: &GatewayOptions) -> Result<Vec<Value>, MeshError> {
     crate::single_target_routes(snap)?;
-    if !matches!(opts.image_pull_policy.as_str(), "IfNotPresent" | "Always") {
-        return Err(MeshError::Option(format!(
-            "image pull policy {:?}: use IfNotPresent or Always",
-            opts.image_pull_policy
-        )));
-    }
+    crate::check_pull_policy(&opts.image_pull_policy)?;
     let ns = opts.namespace.as_str();
     let issuer = snap.identity.as_ref().filter(|i| !i.issuer.is_empty());
     let settings = settings_with_key(&opts.settings, issuer.map(|i| i.issuer.as_str()))?;

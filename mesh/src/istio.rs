@@ -16,7 +16,7 @@ use halo_envoy_config::names;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
 
-use crate::{Image, MeshError, jwks_uri, labels, routed_upstreams, settings_with_key};
+use crate::{Image, MeshError, jwks_uri, metadata, routed_upstreams, settings_with_key};
 
 /// Where Istio's jwt_authn writes the verified payload (Istio's `EnvoyJwtFilterPayload`).
 pub const ISTIO_JWT_PAYLOAD_KEY: &str = "payload";
@@ -46,19 +46,10 @@ pub struct IstioOptions {
     pub settings: Value,
 }
 
-fn metadata(name: &str, ns: &str) -> Value {
-    json!({"name": name, "namespace": ns, "labels": labels()})
-}
-
 /// Every Istio manifest for `snap`, or why the mesh cannot serve it.
 pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshError> {
     crate::single_target_routes(snap)?;
-    if !matches!(opts.image_pull_policy.as_str(), "IfNotPresent" | "Always") {
-        return Err(MeshError::Option(format!(
-            "image pull policy {:?}: use IfNotPresent or Always",
-            opts.image_pull_policy
-        )));
-    }
+    crate::check_pull_policy(&opts.image_pull_policy)?;
     if opts.selector.is_empty() {
         return Err(MeshError::Option(
             "a selector is required: the WasmPlugin must attach to the gateway workload, not every proxy in the namespace".into(),

@@ -172,6 +172,22 @@ pub fn routed_upstreams(snap: &Snapshot) -> Result<Vec<RoutedUpstream>, MeshErro
     Ok(out)
 }
 
+/// A manifest's `metadata`: name, namespace and the renderer's labels.
+pub(crate) fn metadata(name: &str, ns: &str) -> Value {
+    serde_json::json!({"name": name, "namespace": ns, "labels": labels()})
+}
+
+/// Kubernetes image pull policies the renderers accept.
+pub(crate) fn check_pull_policy(policy: &str) -> Result<(), MeshError> {
+    if matches!(policy, "IfNotPresent" | "Always") {
+        Ok(())
+    } else {
+        Err(MeshError::Option(format!(
+            "image pull policy {policy:?}: use IfNotPresent or Always"
+        )))
+    }
+}
+
 /// The issuer's JWKS URL: the flag, else `<issuer>/.well-known/jwks.json`.
 pub fn jwks_uri(issuer: &str, flag: Option<&str>) -> String {
     flag.map(str::to_string)
