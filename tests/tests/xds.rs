@@ -184,8 +184,10 @@ async fn envoy_from_ads_yaml_alone_serves_jwt_calls_through_the_filter() {
         NodeKey::Default,
         snapshot_of(&changed, &settings(port)).expect("translate"),
     );
+    // Clusters (CDS) and the filter's configuration (ECDS) are separate resources: for a
+    // moment the new upstream can see the old model id. Wait for both to land.
     let body = poll(&gw, &token, "haiku", |s, b| {
-        s == 200 && b["provider"] == "prov-b"
+        s == 200 && b["provider"] == "prov-b" && b["model"] == "haiku-on-b"
     })
     .await;
     assert_eq!(body["model"], "haiku-on-b");
