@@ -182,7 +182,14 @@ impl Default for Failover {
 /// translator names them: one one-endpoint cluster per target (outlier detection is its
 /// breaker), then one aggregate cluster per (route scope, alias, first pick) listing the
 /// targets' clusters in failover order. Sorted by name within each group.
-pub fn model_clusters(snap: &Snapshot, failover: &Failover) -> Result<Vec<Value>, RenderError> {
+///
+/// With `attempt_stage` (the wasm path), every aggregate runs the filter's per-attempt
+/// stage as an upstream HTTP filter ([`attempt_protocol_options`]).
+pub fn model_clusters(
+    snap: &Snapshot,
+    failover: &Failover,
+    attempt_stage: Option<&str>,
+) -> Result<Vec<Value>, RenderError> {
     let mut targets: BTreeMap<String, Value> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, Value> = BTreeMap::new();
     for (scope, routes) in cluster_names::scoped_routes(snap) {
@@ -221,21 +228,23 @@ pub fn model_clusters(snap: &Snapshot, failover: &Failover) -> Result<Vec<Value>
             }
             for (first_pick, clusters) in cluster_names::failover_orders(route, alias) {
                 let name = cluster_names::aggregate_cluster(scope, alias, first_pick);
-                aggregates.insert(
-                    name.clone(),
-                    json!({
-                        "name": name,
-                        "connect_timeout": "5s",
-                        "lb_policy": "CLUSTER_PROVIDED",
-                        "cluster_type": {
-                            "name": "envoy.clusters.aggregate",
-                            "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
-                                "clusters": clusters,
-                            },
+                let mut aggregate = json!({
+                    "name": name,
+                    "connect_timeout": "5s",
+                    "lb_policy": "CLUSTER_PROVIDED",
+                    "cluster_type": {
+                        "name": "envoy.clusters.aggregate",
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
+                            "clusters": clusters,
                         },
-                    }),
-                );
+                    },
+                });
+                if let Some(wasm_path) = attempt_stage {
+                    aggregate["typed_extension_protocol_options"] =
+                        attempt_protocol_options(wasm_path);
+                }
+                aggregates.insert(name, aggregate);
             }
         }
     }
@@ -349,6 +358,56 @@ pub fn wasm_filter(wasm_path: &str, snap: &Snapshot, settings: &Value) -> Value 
     })
 }
 
+/// The filter's per-attempt stage (`{"stage": "attempt"}`): the same module, run as an
+/// upstream HTTP filter, once per attempt, after Envoy picked the endpoint.
+pub fn attempt_filter(wasm_path: &str) -> Value {
+    json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "halo-attempt",
+                "root_id": "halo-attempt",
+                "fail_open": false,
+                // As for the request filter: a paused attempt must still get its body.
+                "allow_on_headers_stop_iteration": true,
+                "vm_config": {
+                    "vm_id": "halo",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": wasm_path}},
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": ATTEMPT_STAGE_CONFIGURATION,
+                },
+            },
+        },
+    })
+}
+
+/// The per-attempt stage's plugin configuration.
+pub const ATTEMPT_STAGE_CONFIGURATION: &str = r#"{"stage":"attempt"}"#;
+
+/// An aggregate cluster's `typed_extension_protocol_options`: upstream HTTP filters
+/// [per-attempt stage, upstream codec]. Upstream filters must sit on the aggregate: the
+/// ones on its sub-clusters do not run when a route goes through the aggregate (seen in
+/// Envoy 1.40). The protocol (HTTP/1.1) is the sub-clusters' default too.
+pub fn attempt_protocol_options(wasm_path: &str) -> Value {
+    json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http_protocol_options": {}},
+            "http_filters": [
+                attempt_filter(wasm_path),
+                {
+                    "name": "envoy.filters.http.upstream_codec",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"},
+                },
+            ],
+        },
+    })
+}
+
 /// Stats tags for the filter's metrics (`halo.<metric>.<tag>.<value>...`, see the
 /// filter's `metrics` module), so Prometheus shows them as labels.
 pub fn stats_tags() -> Value {
@@ -371,7 +430,7 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         return Err(RenderError::Settings);
     }
     let failover = Failover::default();
-    let mut clusters = model_clusters(snap, &failover)?;
+    let mut clusters = model_clusters(snap, &failover, Some(&opts.wasm_path))?;
     if let Some(url) = &opts.killswitch_url {
         let ep = endpoint("killswitch URL", url)?;
         clusters.push(cluster(names::KILLSWITCH_CLUSTER, &ep));

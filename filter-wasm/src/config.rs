@@ -9,6 +9,9 @@
 //!               "killSwitch": {"cluster": "halo-killswitch", "url": "https://...", ...},
 //!               "routeHeader": "x-halo-route"}}
 //! ```
+//!
+//! The per-attempt stage (an upstream filter on the aggregate clusters, see
+//! [`crate::attempt`]) is the same module configured with `{"stage": "attempt"}`.
 
 use std::net::IpAddr;
 
@@ -149,6 +152,54 @@ pub struct Config {
     pub route_header: String,
     /// The pushed kill-list envelope (bytes as signed), if any.
     pub kill_list: Option<Vec<u8>>,
+}
+
+/// What a plugin instance is.
+#[derive(Debug, Clone)]
+pub enum Plugin {
+    /// The request filter (HTTP connection manager chain).
+    Request(Box<Config>),
+    /// The per-attempt stage (upstream filter on an aggregate cluster).
+    Attempt,
+}
+
+#[derive(Debug, Deserialize)]
+struct StageProbe {
+    #[serde(default)]
+    stage: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAttempt {
+    stage: RawStage,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RawStage {
+    Attempt,
+}
+
+impl Plugin {
+    /// Decode either configuration strictly: one with a `stage` key is the per-attempt
+    /// stage's (and nothing else may be in it), any other the request filter's.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Plugin, ConfigError> {
+        let staged = serde_json::from_slice::<StageProbe>(bytes)
+            .map(|p| p.stage.is_some())
+            .unwrap_or(false);
+        if !staged {
+            return Config::from_bytes(bytes).map(|c| Plugin::Request(Box::new(c)));
+        }
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        let raw: RawAttempt = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError(format!("{path}: {}", e.into_inner()))
+        })?;
+        match raw.stage {
+            RawStage::Attempt => Ok(Plugin::Attempt),
+        }
+    }
 }
 
 impl Config {

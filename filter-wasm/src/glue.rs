@@ -11,8 +11,9 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
 
+use crate::attempt::{self, ATTEMPT_PROPERTY, Note, Step};
 use crate::cidr;
-use crate::config::{Config, IdentityMode};
+use crate::config::{Config, IdentityMode, Plugin};
 use crate::hygiene;
 use crate::killstate::{FetchOutcome, KillState};
 use crate::metrics;
@@ -66,6 +67,10 @@ type Shared = Rc<RefCell<Option<State>>>;
 struct Root {
     state: Shared,
     inflight: Option<u32>,
+    /// This instance is the per-attempt stage (an upstream filter), not the request filter.
+    attempt_stage: bool,
+    /// The stage's counter of attempts that got another target's model.
+    attempt_rewrites: Option<u32>,
 }
 
 fn now_ms() -> i64 {
@@ -144,8 +149,15 @@ fn publish(state: &State, key: &ed25519_compact::PublicKey) {
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = self.get_plugin_configuration().unwrap_or_default();
-        let cfg = match Config::from_bytes(&bytes) {
-            Ok(cfg) => cfg,
+        let cfg = match Plugin::from_bytes(&bytes) {
+            Ok(Plugin::Request(cfg)) => *cfg,
+            Ok(Plugin::Attempt) => {
+                self.attempt_stage = true;
+                self.attempt_rewrites =
+                    hostcalls::define_metric(MetricType::Counter, &metrics::attempt_rewrites())
+                        .ok();
+                return true;
+            }
             Err(e) => {
                 log(LogLevel::Critical, &e.to_string());
                 return false;
@@ -245,6 +257,12 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
+        if self.attempt_stage {
+            return Some(Box::new(Attempt {
+                rewrites: self.attempt_rewrites,
+                body: None,
+            }));
+        }
         Some(Box::new(Http {
             state: self.state.clone(),
             pending: None,
@@ -339,6 +357,9 @@ impl Http {
             self.set_http_request_body(0, body_size, body);
             // The length changed: Envoy sends the rewritten body chunked.
             self.set_http_request_header("content-length", None);
+        }
+        if let Some(note) = &forward.attempt_note {
+            self.set_property(vec![ATTEMPT_PROPERTY], Some(note.as_bytes()));
         }
         for (name, value) in &forward.stamps {
             self.set_http_request_header(name, Some(value));
@@ -465,6 +486,87 @@ impl HttpContext for Http {
             .unwrap_or_else(|| halo_policy::decide::UNKNOWN_RING.to_string());
         if let Some(state) = self.state.borrow_mut().as_mut() {
             state.count(metrics::requests(&ring, self.variant.as_deref(), status));
+        }
+    }
+}
+
+/// The per-attempt stage on one upstream attempt (see [`crate::attempt`]).
+struct Attempt {
+    rewrites: Option<u32>,
+    /// The model to splice into the body once it is in: (start, end, model).
+    body: Option<(usize, usize, String)>,
+}
+
+impl Context for Attempt {}
+
+impl HttpContext for Attempt {
+    fn on_http_request_headers(&mut self, _num: usize, end_of_stream: bool) -> Action {
+        let Some(value) = self
+            .get_property(vec![ATTEMPT_PROPERTY])
+            .and_then(|b| String::from_utf8(b).ok())
+        else {
+            return Action::Continue;
+        };
+        let Some(note) = Note::decode(&value) else {
+            return Action::Continue;
+        };
+        let endpoint_model = self
+            .get_property(vec![
+                "xds",
+                "upstream_host_metadata",
+                "filter_metadata",
+                "halo",
+                "model",
+            ])
+            .and_then(|b| String::from_utf8(b).ok());
+        let path = || self.get_http_request_header(":path").unwrap_or_default();
+        match attempt::step(&note, endpoint_model.as_deref(), path) {
+            Step::Keep => Action::Continue,
+            Step::Path(path) => {
+                self.set_http_request_header(":path", Some(&path));
+                self.counted();
+                Action::Continue
+            }
+            Step::Body { start, end, model } => {
+                if end_of_stream {
+                    return Action::Continue;
+                }
+                // The length changes: Envoy sends the rewritten body chunked.
+                self.set_http_request_header("content-length", None);
+                self.body = Some((start, end, model));
+                Action::Pause
+            }
+        }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.body.is_none() {
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        let Some((start, end, model)) = self.body.take() else {
+            return Action::Continue;
+        };
+        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
+        if let Some(rewritten) = attempt::rewrite_body(&body, start, end, &model) {
+            self.set_http_request_body(0, body_size, &rewritten);
+            self.counted();
+        } else {
+            log(
+                LogLevel::Warn,
+                "halo: per-attempt stage: the model is not where the request filter noted it; attempt sent as is",
+            );
+        }
+        Action::Continue
+    }
+}
+
+impl Attempt {
+    fn counted(&self) {
+        if let Some(id) = self.rewrites {
+            let _ = hostcalls::increment_metric(id, 1);
         }
     }
 }

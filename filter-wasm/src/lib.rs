@@ -2,6 +2,7 @@
 //!
 //! Everything that decides lives in plain modules, unit-tested natively:
 //! - [`config`]: the plugin configuration (snapshot + settings), decoded strictly.
+//! - [`attempt`]: the per-attempt stage (each failover attempt gets its target's model).
 //! - [`pipeline`]: identity, body bound, admit, decision, route pick, model rewrite.
 //! - [`hygiene`]: which client headers never reach an upstream; the x-halo-* stamps.
 //! - [`killstate`]: the kill list in force (poll results, lists shared by other workers).
@@ -12,6 +13,7 @@
 //! This file only moves data: Envoy headers, properties and bodies into those functions,
 //! their answers back into Envoy. Nothing here logs a header, a body or a user.
 
+pub mod attempt;
 pub mod cidr;
 pub mod claims;
 pub mod config;

@@ -32,6 +32,13 @@ pub fn decisions(ring: &str, variant: Option<&str>, source: &str) -> String {
     )
 }
 
+/// Upstream attempts the per-attempt stage gave another target's model id (failovers
+/// to a target with a different model, and first attempts whose endpoint changed model
+/// since the request filter's policy).
+pub fn attempt_rewrites() -> String {
+    "halo.attempt_rewrites".to_string()
+}
+
 /// A tag value safe in a dotted stats name and a Prometheus label.
 fn clean(value: &str) -> String {
     value

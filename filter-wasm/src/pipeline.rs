@@ -21,6 +21,7 @@ use halo_policy::decide::{self, Caller, Decision, Subject};
 use halo_policy::route;
 use halo_policy::types::WireProtocol;
 
+use crate::attempt::{ModelAt, Note};
 use crate::config::{Config, IdentityMode};
 use crate::hygiene;
 
@@ -251,6 +252,8 @@ pub struct Forward {
     pub path: Option<String>,
     /// The cluster to route to (the route header's value).
     pub cluster: String,
+    /// For the per-attempt stage: where the model sits ([`crate::attempt::Note`]).
+    pub attempt_note: Option<String>,
     /// Headers to set (after removing the client's).
     pub stamps: Vec<(String, String)>,
     /// For the metrics: ring, variant (`none` when unattributed), whether a decision ran.
@@ -306,14 +309,21 @@ pub fn on_body(
 
     let mut new_body = None;
     let mut path = pending.path.clone();
-    match call.model_in {
+    let note = match call.model_in {
         ModelLocation::Body { start, end } => {
             // admit recorded where the model sits while it decoded the body: no second
             // parse or walk of a possibly megabyte-long conversation.
             new_body = Some(admit::splice_model(body, start, end, &target.model));
+            Note::after_splice(start, &target.model)
         }
-        ModelLocation::Path => path = rewrite_path_model(&path, call.wire, &target.model),
-    }
+        ModelLocation::Path => {
+            path = rewrite_path_model(&path, call.wire, &target.model);
+            Note {
+                at: ModelAt::Path(call.wire),
+                model: target.model.clone(),
+            }
+        }
+    };
     if call.wire == WireProtocol::Gemini {
         path = hygiene::strip_key_param(&path);
     }
@@ -328,6 +338,7 @@ pub fn on_body(
     }
     stamps.push((cfg.route_header.clone(), cluster.clone()));
     Ok(Forward {
+        attempt_note: Some(note.encode()),
         body: new_body,
         path: (path != pending.path).then_some(path),
         cluster,
@@ -371,6 +382,7 @@ fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
     // The gateway route's aggregate whose first pick is the alias's first target.
     let cluster = cluster_names::aggregate_cluster(cluster_names::RouteScope::Gateway, alias, 0);
     Ok(Forward {
+        attempt_note: None,
         body: None,
         path: None,
         cluster: cluster.clone(),

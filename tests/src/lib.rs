@@ -171,6 +171,20 @@ struct ProviderState {
     seen: Mutex<Vec<Seen>>,
     /// Releases the rest of a gated SSE stream.
     release: Notify,
+    /// How it answers (recorded requests are kept whatever the answer).
+    behaviour: Mutex<Behaviour>,
+}
+
+/// How a fake provider answers model calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// As the real wire (JSON, or SSE for `stream: true`).
+    Serve,
+    /// This status with an Anthropic-style error body (503 overloaded, 429 rate limit).
+    Status(u16),
+    /// 200 and the first SSE event, then, once released ([`Provider::release_stream`]),
+    /// the connection is cut mid-body.
+    HeadersThenReset,
 }
 
 /// A fake model provider on loopback.
@@ -197,6 +211,7 @@ impl Provider {
             name: name.to_string(),
             seen: Mutex::new(Vec::new()),
             release: Notify::new(),
+            behaviour: Mutex::new(Behaviour::Serve),
         });
         let router = axum::Router::new()
             .fallback(provider_handler)
@@ -216,6 +231,13 @@ impl Provider {
 
     pub fn count(&self) -> usize {
         self.state.seen.lock().expect("seen lock").len()
+    }
+
+    /// A provider answering with `behaviour` from the start.
+    pub async fn behaving(name: &str, behaviour: Behaviour) -> Provider {
+        let p = Provider::start(name).await;
+        *p.state.behaviour.lock().expect("behaviour lock") = behaviour;
+        p
     }
 
     /// Let a gated SSE stream send its last event.
@@ -253,6 +275,47 @@ async fn provider_handler(
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     state.seen.lock().expect("seen lock").push(seen);
     let provider = state.name.clone();
+    let behaviour = *state.behaviour.lock().expect("behaviour lock");
+    match behaviour {
+        Behaviour::Serve => {}
+        Behaviour::Status(code) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let kind = if code == 429 {
+                "rate_limit_error"
+            } else {
+                "overloaded_error"
+            };
+            let body = json!({"type": "error", "error": {"type": kind, "message": provider}});
+            return (status, [("x-provider", provider.clone())], body.to_string()).into_response();
+        }
+        Behaviour::HeadersThenReset => {
+            let first =
+                Bytes::from_static(b"event: message_start\ndata: {\"type\":\"message_start\"}\n\n");
+            // After the first event, wait for the test (which has the response headers by
+            // then), and fail: hyper cuts the connection mid-body.
+            let st = state.clone();
+            let stream = futures_util::stream::unfold(0u8, move |step| {
+                let st = st.clone();
+                let first = first.clone();
+                async move {
+                    match step {
+                        0 => Some((Ok::<_, std::io::Error>(first), 1)),
+                        1 => {
+                            st.release.notified().await;
+                            Some((Err(std::io::Error::other("provider failed mid-stream")), 2))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "text/event-stream")
+                .header("x-provider", provider)
+                .body(Body::from_stream(stream))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        }
+    }
     let json_reply = |v: Value| {
         (
             [

@@ -184,11 +184,64 @@ async fn envoy_from_ads_yaml_alone_serves_jwt_calls_through_the_filter() {
         NodeKey::Default,
         snapshot_of(&changed, &settings(port)).expect("translate"),
     );
-    // Clusters (CDS) and the filter's configuration (ECDS) are separate resources: for a
-    // moment the new upstream can see the old model id. Wait for both to land.
+    // Clusters (CDS) and the filter's configuration (ECDS) are separate resources; the
+    // per-attempt stage takes the model id from the endpoint (CDS), so the new upstream
+    // never sees the old model id. Wait for both to land.
     let body = poll(&gw, &token, "haiku", |s, b| {
         s == 200 && b["provider"] == "prov-b" && b["model"] == "haiku-on-b"
     })
     .await;
     assert_eq!(body["model"], "haiku-on-b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_through_xds_carries_the_next_targets_model_id() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let mut snap = test_snapshot(&issuer.url, &p);
+    // prov-a refuses connections: "weighted" (50/50 prov-a model-a, prov-b model-b)
+    // callers whose first pick is prov-a fail over to prov-b.
+    if let Some(up) = snap.upstreams.get_mut("prov-a") {
+        up.url = format!("http://127.0.0.1:{}", free_port());
+    }
+    let port = free_port();
+    let cache = SnapshotCache::new();
+    cache.set(
+        NodeKey::Default,
+        snapshot_of(&snap, &settings(port)).expect("translate"),
+    );
+    let envoy = start(&cache, "gw-failover").await;
+    let gw = Gateway {
+        envoy,
+        port,
+        base: format!("http://127.0.0.1:{port}"),
+        snapshot: snap.clone(),
+        client: client_builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client"),
+    };
+    let first = bearer(&issuer.token("user-0@acme.test", &[]));
+    poll(&gw, &first, "weighted", |s, _| s == 200).await;
+    for i in 0..12 {
+        let token = bearer(&issuer.token(&format!("user-{i}@acme.test"), &[]));
+        let a = gw
+            .post(
+                "/v1/messages",
+                &[("authorization", &token)],
+                &msg("weighted"),
+            )
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(a.json()["provider"], "prov-b");
+        assert_eq!(
+            a.json()["model"],
+            "model-b",
+            "the retry carries prov-b's model id"
+        );
+    }
+    assert!(
+        gw.counter("halo.attempt_rewrites") >= 1,
+        "some callers picked prov-a first and were retried on prov-b"
+    );
 }

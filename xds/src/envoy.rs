@@ -5,6 +5,7 @@ use envoy_types::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, DnsLookupFamily, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::Address;
+use envoy_types::pb::envoy::config::core::v3::Http1ProtocolOptions;
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, ExtensionConfigSource,
     SocketAddress, TransportSocket, TypedExtensionConfig, address,
@@ -22,6 +23,7 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::http::upstream_codec::v3::UpstreamCodec;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager::RouteSpecifier, http_filter,
 };
@@ -29,6 +31,12 @@ use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
+};
+use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions,
+    http_protocol_options::{
+        ExplicitHttpConfig, UpstreamProtocolOptions, explicit_http_config::ProtocolConfig,
+    },
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
 use envoy_types::pb::google::protobuf::{
@@ -94,7 +102,10 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
         });
     }
     for a in &plan.aggregates {
-        out.push(Resource::new(&a.name, &aggregate_cluster(a)));
+        out.push(Resource::new(
+            &a.name,
+            &aggregate_cluster(a, plan.attempt_stage.as_deref()),
+        ));
     }
     if let Some(j) = &plan.listener.jwks {
         out.push(Resource::new(
@@ -232,12 +243,51 @@ fn target_cluster_without_endpoint(t: &TargetPlan, upstream_ca_file: &str) -> Cl
     }
 }
 
-/// An aggregate cluster: its sub-clusters are priorities, tried in order.
-pub fn aggregate_cluster(a: &AggregatePlan) -> Cluster {
+/// An aggregate cluster: its sub-clusters are priorities, tried in order. With
+/// `attempt_stage` (the wasm path), the filter's per-attempt stage runs as its upstream
+/// HTTP filter, once per attempt (halo-envoy-config's `attempt_protocol_options`, the
+/// standalone bootstrap's, as protobuf).
+pub fn aggregate_cluster(a: &AggregatePlan, attempt_stage: Option<&str>) -> Cluster {
     let config = ClusterConfig {
         clusters: a.clusters.clone(),
     };
+    let mut typed_extension_protocol_options = std::collections::HashMap::new();
+    if let Some(wasm_path) = attempt_stage {
+        let stage = halo_envoy_config::bootstrap::attempt_filter(wasm_path);
+        let options = HttpProtocolOptions {
+            upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                        Http1ProtocolOptions::default(),
+                    )),
+                },
+            )),
+            http_filters: vec![
+                HttpFilter {
+                    name: "envoy.filters.http.wasm".into(),
+                    config_type: Some(http_filter::ConfigType::TypedConfig(typed_struct(
+                        &stage["typed_config"],
+                    ))),
+                    ..HttpFilter::default()
+                },
+                HttpFilter {
+                    name: "envoy.filters.http.upstream_codec".into(),
+                    config_type: Some(http_filter::ConfigType::TypedConfig(any(
+                        &UpstreamCodec::default(),
+                    ))),
+                    ..HttpFilter::default()
+                },
+            ],
+            ..HttpProtocolOptions::default()
+        };
+        // One key: the map's order cannot change the bytes.
+        typed_extension_protocol_options.insert(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
+            any(&options),
+        );
+    }
     Cluster {
+        typed_extension_protocol_options,
         name: a.name.clone(),
         cluster_discovery_type: Some(ClusterDiscoveryType::ClusterType(CustomClusterType {
             name: "envoy.clusters.aggregate".into(),

@@ -114,6 +114,10 @@ pub struct Plan {
     pub aggregates: Vec<AggregatePlan>,
     /// Sorted by name.
     pub targets: Vec<TargetPlan>,
+    /// The wasm path of the filter's per-attempt stage, an upstream HTTP filter on every
+    /// aggregate (each attempt gets its target's model id); with the halo filter only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt_stage: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -315,6 +319,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         },
         aggregates: aggregates.into_values().collect(),
         targets: targets.into_values().collect(),
+        attempt_stage: settings.halo_filter.then(|| settings.wasm_path.clone()),
     })
 }
 
