@@ -25,6 +25,8 @@
 
 use halo_policy::types::WireProtocol;
 
+use crate::pipeline::PrefixEdit;
+
 /// The request filter's note to the per-attempt stage: a filter-state property of the
 /// request (Envoy's `wasm.` namespace), which every attempt's upstream filter can read.
 pub const ATTEMPT_PROPERTY: &str = "halo_attempt";
@@ -140,15 +142,16 @@ pub fn step(note: &Note, endpoint_model: Option<&str>, path: impl FnOnce() -> St
     }
 }
 
-/// `body` with the model at `start..end` replaced, or `None` when the range does not hold
-/// a JSON string (the body is not the one the note was written for): the attempt is then
-/// sent as is rather than corrupted.
-pub fn rewrite_body(body: &[u8], start: usize, end: usize, model: &str) -> Option<Vec<u8>> {
-    let span = body.get(start..end)?;
+/// The edit putting `model` at `head[start..end]`, where `head` is the body's first
+/// `end` bytes (or all of it), or `None` when that range does not hold a JSON string (the
+/// body is not the one the note was written for): the attempt is then sent as is rather
+/// than corrupted.
+pub fn rewrite_head(head: &[u8], start: usize, end: usize, model: &str) -> Option<PrefixEdit> {
+    let span = head.get(start..end)?;
     if span.len() < 2 || span[0] != b'"' || span[span.len() - 1] != b'"' {
         return None;
     }
-    Some(halo_policy::admit::splice_model(body, start, end, model))
+    Some(PrefixEdit::model(head, start, end, model))
 }
 
 #[cfg(test)]
@@ -191,11 +194,11 @@ mod tests {
         else {
             panic!("a different model is a body step");
         };
-        let out = rewrite_body(body, start, end, &model).expect("the range holds a string");
-        assert_eq!(out, br#"{"model":"m-bb","max_tokens":1}"#);
+        let edit = rewrite_head(&body[..end], start, end, &model).expect("a string is there");
+        assert_eq!(edit.apply(body), br#"{"model":"m-bb","max_tokens":1}"#);
         // A range that is not a JSON string leaves the body alone.
-        assert_eq!(rewrite_body(body, 0, 5, "x"), None);
-        assert_eq!(rewrite_body(body, 9, 99, "x"), None);
+        assert_eq!(rewrite_head(body, 0, 5, "x"), None);
+        assert_eq!(rewrite_head(body, 9, 99, "x"), None);
     }
 
     #[test]

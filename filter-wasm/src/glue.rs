@@ -353,10 +353,13 @@ impl Http {
         if let Some(path) = &forward.path {
             self.set_http_request_header(":path", Some(path));
         }
-        if let Some(body) = &forward.body {
-            self.set_http_request_body(0, body_size, body);
-            // The length changed: Envoy sends the rewritten body chunked.
-            self.set_http_request_header("content-length", None);
+        if let Some(edit) = &forward.body {
+            // At offset 0 Envoy drains `drop` bytes and prepends: the rest stays put.
+            self.set_http_request_body(0, edit.drop, &edit.prefix);
+            if edit.prefix.len() != edit.drop {
+                // The length changed: Envoy sends the rewritten body chunked.
+                self.set_http_request_header("content-length", None);
+            }
         }
         if let Some(note) = &forward.attempt_note {
             self.set_property(vec![ATTEMPT_PROPERTY], Some(note.as_bytes()));
@@ -549,9 +552,12 @@ impl HttpContext for Attempt {
         let Some((start, end, model)) = self.body.take() else {
             return Action::Continue;
         };
-        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
-        if let Some(rewritten) = attempt::rewrite_body(&body, start, end, &model) {
-            self.set_http_request_body(0, body_size, &rewritten);
+        // The model sits in the head: only that crosses the wasm boundary.
+        let head = self
+            .get_http_request_body(0, end.min(body_size))
+            .unwrap_or_default();
+        if let Some(edit) = attempt::rewrite_head(&head, start, end, &model) {
+            self.set_http_request_body(0, edit.drop, &edit.prefix);
             self.counted();
         } else {
             log(

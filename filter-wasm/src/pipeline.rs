@@ -243,11 +243,40 @@ fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
         .map(|(_, v)| v.as_str())
 }
 
+/// A body change confined to the body's start: drop its first `drop` bytes and put
+/// `prefix` in their place. The model is near the start of a request and the rest (the
+/// conversation, up to megabytes) never needs to cross the wasm boundary again: Envoy's
+/// body replacement at offset 0 drains and prepends without copying the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixEdit {
+    pub drop: usize,
+    pub prefix: Vec<u8>,
+}
+
+impl PrefixEdit {
+    /// The edit that puts `model` at `body[start..end]` (the model's JSON string); it
+    /// needs only `body[..end]`.
+    pub fn model(body_head: &[u8], start: usize, end: usize, model: &str) -> PrefixEdit {
+        let end = end.min(body_head.len());
+        PrefixEdit {
+            drop: end,
+            prefix: admit::splice_model(&body_head[..end], start, end, model),
+        }
+    }
+
+    /// The edited body (what Envoy holds after the edit).
+    pub fn apply(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = self.prefix.clone();
+        out.extend_from_slice(body.get(self.drop..).unwrap_or_default());
+        out
+    }
+}
+
 /// What to send upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Forward {
-    /// The replacement body, when the model moved into it.
-    pub body: Option<Vec<u8>>,
+    /// The body change, when the model moved into it.
+    pub body: Option<PrefixEdit>,
     /// The replacement `:path`, when the model is in the path or a `key` was stripped.
     pub path: Option<String>,
     /// The cluster to route to (the route header's value).
@@ -313,7 +342,7 @@ pub fn on_body(
         ModelLocation::Body { start, end } => {
             // admit recorded where the model sits while it decoded the body: no second
             // parse or walk of a possibly megabyte-long conversation.
-            new_body = Some(admit::splice_model(body, start, end, &target.model));
+            new_body = Some(PrefixEdit::model(body, start, end, &target.model));
             Note::after_splice(start, &target.model)
         }
         ModelLocation::Path => {

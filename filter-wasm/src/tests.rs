@@ -214,10 +214,11 @@ fn pipeline_body_routes_rewrites_and_stamps() {
     )
     .expect("routed");
     assert_eq!(f.cluster, "sonnet-0");
-    assert_eq!(
-        f.body.as_deref(),
-        Some(&br#"{"model":"claude-sonnet","x":1}"#[..])
-    );
+    let sent = br#"{"model":"sonnet","x":1}"#;
+    let edit = f.body.as_ref().expect("the model is rewritten in the body");
+    assert_eq!(edit.apply(sent), br#"{"model":"claude-sonnet","x":1}"#);
+    // Only the head up to the model changes hands.
+    assert_eq!(edit.drop, br#"{"model":"sonnet""#.len());
     assert!(f.stamps.contains(&("x-halo-ring".into(), "general".into())));
     assert!(f.stamps.contains(&("x-halo-release".into(), "r1".into())));
     assert!(
