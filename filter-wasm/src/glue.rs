@@ -324,7 +324,7 @@ impl Http {
     }
 
     /// The body-time step and writing its result into the request.
-    fn finish(&mut self, body: &[u8], body_size: usize) -> Action {
+    fn finish(&mut self, body: &[u8]) -> Action {
         let Some(pending) = self.pending.take() else {
             return Action::Continue;
         };
@@ -340,13 +340,13 @@ impl Http {
         match result {
             Err(reply) => self.reply(reply),
             Ok((forward, misconfigured)) => {
-                self.apply(forward, misconfigured, body_size);
+                self.apply(forward, misconfigured);
                 Action::Continue
             }
         }
     }
 
-    fn apply(&mut self, forward: Forward, misconfigured: bool, body_size: usize) {
+    fn apply(&mut self, forward: Forward, misconfigured: bool) {
         for name in &self.removals {
             self.set_http_request_header(name, None);
         }
@@ -446,7 +446,7 @@ impl HttpContext for Http {
             Ok(pending) => {
                 self.pending = Some(pending);
                 if end_of_stream {
-                    self.finish(&[], 0)
+                    self.finish(&[])
                 } else {
                     Action::Pause
                 }
@@ -471,7 +471,7 @@ impl HttpContext for Http {
             return Action::Pause;
         }
         let body = self.get_http_request_body(0, body_size).unwrap_or_default();
-        self.finish(&body, body_size)
+        self.finish(&body)
     }
 
     fn on_log(&mut self) {
