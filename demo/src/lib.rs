@@ -263,6 +263,13 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             .context("the policy has no alias that serves the Anthropic Messages wire")?,
     };
 
+    // Envoy gets its listener over ADS and would only log a failed bind: say it first.
+    std::net::TcpListener::bind(opts.listen).map_err(|e| {
+        anyhow::anyhow!(
+            "--listen {}: {e} (Envoy's gateway port; pick another with --listen)",
+            opts.listen
+        )
+    })?;
     let provider = DemoProvider::start()
         .await
         .context("starting the demo provider")?;

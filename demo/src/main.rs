@@ -39,8 +39,8 @@ struct Flags {
     /// halo-server's xDS (ADS) listener, which Envoy connects to.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18000")]
     xds_listen: SocketAddr,
-    /// halo-server's API listener.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    /// halo-server's API listener (the demo does not need it: any free port by default).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     server_listen: SocketAddr,
     /// halo-server's admin listener (/metrics, /xds/status).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
