@@ -199,3 +199,62 @@ fn once_checks_200_stream_and_401_then_exits_0() {
     );
     assert!(http::get(demo.admin, "/ready").is_none(), "Envoy still up");
 }
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+#[test]
+fn a_policy_edit_while_running_is_pushed_with_the_demo_overrides() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let policy = dir.path().join("policy");
+    copy_dir(
+        &halo_testkit::workspace_root().join("examples/acme-corp"),
+        &policy,
+    );
+    let mut demo = start(&["--policy-dir", policy.to_str().expect("utf-8 path")]);
+    let curl = demo.line("the curl line", |l| l.trim_start().starts_with("curl -s "));
+    let token = curl
+        .split("authorization: Bearer ")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .expect("token")
+        .to_string();
+    let haiku = r#"{"model":"haiku","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = demo.post(Some(&token), haiku);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        serde_json::from_str::<Value>(&r.body).expect("JSON")["model"],
+        "claude-haiku-4-5-20251001"
+    );
+
+    // haiku moves to an upstream that did not exist at start: it too is overridden to the
+    // demo provider (its real URL would not even resolve), and the new model id arrives.
+    let gateway = policy.join("gateway.yaml");
+    let yaml = std::fs::read_to_string(&gateway).expect("gateway.yaml");
+    let edited = yaml
+        .replace(
+            "upstreams:\n",
+            "upstreams:\n  added-later:\n    url: https://added-later.invalid\n    kind: anthropic\n",
+        )
+        .replace(
+            "    upstream: anthropic-direct\n    model: claude-haiku-4-5-20251001",
+            "    upstream: added-later\n    model: claude-haiku-edited",
+        );
+    assert_ne!(edited, yaml, "the example's haiku route changed shape");
+    std::fs::write(&gateway, edited).expect("edit gateway.yaml");
+    wait_until("the edit to reach Envoy", Duration::from_secs(20), || {
+        let r = demo.post(Some(&token), haiku);
+        let v: Value = serde_json::from_str(&r.body).unwrap_or(Value::Null);
+        (r.status == 200 && v["model"] == "claude-haiku-edited").then_some(())
+    });
+}
