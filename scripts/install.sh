@@ -25,3 +25,7 @@ if ! command -v docker-registry >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq docker-registry >/dev/null
 fi
+
+# The filter module Envoy loads (halo-demo and the end-to-end tests read it from
+# target/wasm32-unknown-unknown/release); cargo does nothing when it is up to date.
+(cd "$(dirname "$0")/.." && cargo build --locked -q -p halo-filter --target wasm32-unknown-unknown --release)

@@ -215,8 +215,15 @@ pub fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-/// The admin listener's router: /healthz and /metrics.
+/// The admin listener's router: /healthz, /metrics and /xds/status.
 pub fn admin_router(state: Shared, xds: Option<Arc<crate::xds::XdsHost>>) -> Router {
+    // /metrics: the server's own, then (with --xds-listen) the policy source's and the
+    // ADS server's.
+    let xds_metrics = xds.clone();
+    let metrics = get(move |s: State<Shared>| {
+        let xds = xds_metrics.clone();
+        async move { metrics(s, xds.as_deref()).await }
+    });
     // The xDS status: the policy served, the last refused edit, each Envoy's versions.
     let xds_status = get(move || {
         let xds = xds.clone();
@@ -234,7 +241,7 @@ pub fn admin_router(state: Shared, xds: Option<Arc<crate::xds::XdsHost>>) -> Rou
     });
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/metrics", get(metrics))
+        .route("/metrics", metrics)
         .route("/xds/status", xds_status)
         .fallback(not_found)
         .with_state(state)
@@ -269,7 +276,7 @@ async fn method_not_allowed(method: Method) -> ApiError {
     )
 }
 
-async fn metrics(State(state): State<Shared>) -> Response {
+async fn metrics(State(state): State<Shared>, xds: Option<&crate::xds::XdsHost>) -> Response {
     let mut g = Gauges {
         blocked_addresses: state.throttle.blocked_count(),
         kill_switch_enabled: state.killswitch.is_some(),
@@ -280,11 +287,11 @@ async fn metrics(State(state): State<Shared>) -> Response {
         g.killed_experiments = s.experiments.len();
         g.killed_toggles = s.toggles.len();
     }
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&g),
-    )
-        .into_response()
+    let mut text = state.metrics.render(&g);
+    if let Some(x) = xds {
+        text.push_str(&x.render_prometheus());
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn openapi() -> Response {

@@ -154,6 +154,15 @@ impl Running {
 
 /// Bind both listeners and serve in the background.
 pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
+    start_with(settings, crate::xds::XdsOptions::default()).await
+}
+
+/// [`start`] for an embedding host: `xds` adds gateway settings and a policy transform
+/// to the xDS host (used only with `settings.xds_listen`).
+pub async fn start_with(
+    settings: &Settings,
+    xds: crate::xds::XdsOptions,
+) -> anyhow::Result<Running> {
     let state = build_state(settings)?;
     let api = TcpListener::bind(settings.listen)
         .await
@@ -166,7 +175,7 @@ pub async fn start(settings: &Settings) -> anyhow::Result<Running> {
     if let Some(ks) = &state.killswitch {
         ks.spawn_resigner();
     }
-    let xds = crate::xds::start(settings, &state, api_addr)
+    let xds = crate::xds::start(settings, xds, &state, api_addr)
         .await?
         .map(Arc::new);
     let (tx, rx) = tokio::sync::watch::channel(false);

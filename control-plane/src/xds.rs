@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use halo_xds::{GatewaySettings, PolicySource, SnapshotCache, SourceStatus};
+use halo_xds::{GatewaySettings, PolicySource, SnapshotCache, SourceStatus, Transform};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -49,18 +49,51 @@ impl XdsHost {
         let source: SourceStatus = self.source.status();
         json!({"source": source, "nodes": self.cache.status()})
     }
+
+    /// The xDS part of /metrics: the policy source (`halo_policy_*`: reloads by outcome,
+    /// the served version) and the ADS server (`halo_xds_*`: pushes, ACKs, NACKs...).
+    pub fn render_prometheus(&self) -> String {
+        let mut out = self.source.status().render_prometheus();
+        out.push_str(&self.cache.metrics().render_prometheus());
+        out
+    }
+}
+
+/// What an embedding host (halo-demo) may set beyond [`Settings`].
+#[derive(Clone, Default)]
+pub struct XdsOptions {
+    /// Gateway settings to use instead of `--xds-gateway-file` (the kill-switch fill-in
+    /// still applies).
+    pub gateway: Option<GatewaySettings>,
+    /// Applied to every compiled policy before it is served (see
+    /// [`halo_xds::source::Transform`]).
+    pub transform: Option<Transform>,
+}
+
+impl std::fmt::Debug for XdsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdsOptions")
+            .field("gateway", &self.gateway)
+            .field("transform", &self.transform.is_some())
+            .finish()
+    }
 }
 
 /// The gateway settings: the file's, with the filter's kill-switch settings (public key,
 /// gateway token) and the poll URL filled in from this server when the kill switch is on.
-fn gateway_settings(settings: &Settings, api_addr: SocketAddr) -> anyhow::Result<GatewaySettings> {
-    let mut gs: GatewaySettings = match &settings.xds_gateway_file {
-        Some(path) => {
+fn gateway_settings(
+    settings: &Settings,
+    given: Option<GatewaySettings>,
+    api_addr: SocketAddr,
+) -> anyhow::Result<GatewaySettings> {
+    let mut gs: GatewaySettings = match (given, &settings.xds_gateway_file) {
+        (Some(gs), _) => gs,
+        (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
             serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?
         }
-        None => GatewaySettings::default(),
+        (None, None) => GatewaySettings::default(),
     };
     if let (Some(key_file), Some(token_file)) =
         (&settings.killswitch_key_file, &settings.gateway_token_file)
@@ -99,13 +132,14 @@ fn gateway_settings(settings: &Settings, api_addr: SocketAddr) -> anyhow::Result
 /// Bind `--xds-listen`, serve the policy dir and the kill list.
 pub async fn start(
     settings: &Settings,
+    options: XdsOptions,
     state: &Arc<AppState>,
     api_addr: SocketAddr,
 ) -> anyhow::Result<Option<XdsHost>> {
     let Some(listen) = settings.xds_listen else {
         return Ok(None);
     };
-    let gs = gateway_settings(settings, api_addr)?;
+    let gs = gateway_settings(settings, options.gateway, api_addr)?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding --xds-listen {listen}"))?;
@@ -126,12 +160,13 @@ pub async fn start(
             }
         }));
     }
-    let source = PolicySource::spawn(
+    let source = PolicySource::spawn_transformed(
         settings.policy_dir.clone(),
         POLICY_POLL,
         gs,
         cache.clone(),
         rx,
+        options.transform,
     )
     .map_err(|e| anyhow::anyhow!("xDS policy source: {e}"))?;
     let serving = cache.clone();

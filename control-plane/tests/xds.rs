@@ -306,3 +306,124 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
         (Some("prov-b"), Some("haiku-model"))
     );
 }
+
+/// The value of the Prometheus sample whose name and labels are exactly `series`.
+fn sample(text: &str, series: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// The version label of `halo_policy_served_info`.
+fn served_version(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix("halo_policy_served_info{version=\"")?;
+        Some(rest.split('"').next()?.to_string())
+    })
+}
+
+const ACCEPTED: &str = "halo_policy_reloads_total{outcome=\"accepted\"}";
+const REFUSED: &str = "halo_policy_reloads_total{outcome=\"refused\"}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_policy_edit_is_counted_on_metrics_and_the_old_version_keeps_serving() {
+    let env = Env::new().await;
+    let policy = env.path("policy");
+    let mut settings = env.settings_without_kill_switch();
+    settings.xds_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let server = serve(&settings).await;
+    let xds = server
+        .running
+        .as_ref()
+        .and_then(|r| r.xds.clone())
+        .expect("xds on");
+    let scrape = || async {
+        let r = server
+            .http
+            .get(format!("{}/metrics", server.admin_base))
+            .send()
+            .await
+            .expect("GET /metrics");
+        assert_eq!(r.status(), 200);
+        r.text().await.expect("metrics text")
+    };
+    // Scrape until `done` holds (bounded: the source polls the dir every 250 ms).
+    let until = |what: &'static str, done: fn(&str) -> bool| {
+        let scrape = &scrape;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let text = scrape().await;
+                if done(&text) {
+                    return text;
+                }
+                assert!(Instant::now() < deadline, "never {what}:\n{text}");
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+    };
+
+    let text = scrape().await;
+    assert_eq!(sample(&text, ACCEPTED), Some(1), "{text}");
+    assert_eq!(sample(&text, REFUSED), Some(0), "{text}");
+    assert_eq!(sample(&text, "halo_policy_refused_pending"), Some(0));
+    // The ADS server's counters are on the same page (NACKs included).
+    assert_eq!(sample(&text, "halo_xds_nacks_total"), Some(0), "{text}");
+    let old = served_version(&text).expect("served version");
+    let cache_version = xds
+        .cache
+        .version_for("any-node")
+        .expect("a snapshot is set");
+    assert!(
+        cache_version.starts_with(&old[..16]),
+        "{cache_version} vs {old}"
+    );
+
+    // An invalid edit (an unknown field) is refused: the counter moves, the version stays.
+    std::fs::write(
+        policy.join("toggles/broken.yaml"),
+        "apiVersion: halos.dev/v1\nkind: Toggle\nname: broken\nowner: a@acme.com\nexpires: 2099-01-01\ndefault: false\naxis: client\nsurprise: 1\n",
+    )
+    .expect("write broken toggle");
+    let text = until("refused the edit", |t| sample(t, REFUSED) == Some(1)).await;
+    assert_eq!(served_version(&text).as_deref(), Some(old.as_str()));
+    assert_eq!(sample(&text, "halo_policy_refused_pending"), Some(1));
+    assert_eq!(sample(&text, ACCEPTED), Some(1));
+    assert_eq!(
+        xds.cache.version_for("any-node"),
+        Some(cache_version.clone())
+    );
+    assert!(
+        xds.status()["source"]["lastRejection"]
+            .to_string()
+            .contains("surprise"),
+        "{}",
+        xds.status()
+    );
+
+    // Reverted: nothing pending, still the same version, no second refusal.
+    std::fs::remove_file(policy.join("toggles/broken.yaml")).expect("rm broken toggle");
+    let text = until("cleared the pending refusal", |t| {
+        sample(t, "halo_policy_refused_pending") == Some(0)
+    })
+    .await;
+    assert_eq!(sample(&text, REFUSED), Some(1));
+    assert_eq!(served_version(&text).as_deref(), Some(old.as_str()));
+
+    // A valid edit is accepted and served under a new version.
+    let gateway = policy.join("gateway.yaml");
+    let yaml = std::fs::read_to_string(&gateway).expect("gateway.yaml");
+    std::fs::write(
+        &gateway,
+        yaml.replace("timeoutSeconds: 20", "timeoutSeconds: 25"),
+    )
+    .expect("edit gateway.yaml");
+    let text = until("accepted the valid edit", |t| {
+        sample(t, ACCEPTED) == Some(2)
+    })
+    .await;
+    let new = served_version(&text).expect("served version");
+    assert_ne!(new, old);
+    assert_eq!(sample(&text, REFUSED), Some(1));
+}

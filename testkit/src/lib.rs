@@ -72,16 +72,23 @@ pub(crate) fn wait_for_http_ok(
     }
 }
 
-/// The filter module built by `scripts/test.sh` (`cargo build -p halo-filter --target
-/// wasm32-unknown-unknown --release`). Set `HALO_FILTER_WASM` to use another file.
-pub fn filter_wasm() -> PathBuf {
+/// Where the filter module is expected: `HALO_FILTER_WASM`, else the workspace's
+/// `target/wasm32-unknown-unknown/release/halo_filter.wasm` (or under `CARGO_TARGET_DIR`).
+/// It may not exist yet (halo-demo says how to build it).
+pub fn filter_wasm_path() -> PathBuf {
     if let Some(path) = std::env::var_os("HALO_FILTER_WASM") {
         return PathBuf::from(path);
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    let path = target.join("wasm32-unknown-unknown/release/halo_filter.wasm");
+    target.join("wasm32-unknown-unknown/release/halo_filter.wasm")
+}
+
+/// The filter module built by `scripts/test.sh` (`cargo build -p halo-filter --target
+/// wasm32-unknown-unknown --release`). Set `HALO_FILTER_WASM` to use another file.
+pub fn filter_wasm() -> PathBuf {
+    let path = filter_wasm_path();
     assert!(
         path.exists(),
         "{} is missing: build it once with `cargo build -p halo-filter --target \

@@ -8,6 +8,11 @@
 //! but the log stays short), counted in `rejected`, recorded in [`SourceStatus`], and the
 //! last good policy keeps serving. A new kill-list envelope on the watch channel is pushed
 //! at once with the current policy (the filter verifies it with the kill public key).
+//!
+//! [`PolicySource::spawn_transformed`] applies a [`Transform`] to every compiled policy
+//! before it is translated (halo-demo points every upstream at its demo provider this way;
+//! validation still runs on the policy as written). [`SourceStatus::render_prometheus`]
+//! is the source's part of the host's /metrics.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -38,6 +43,10 @@ pub struct SourceStatus {
     /// Kill-list envelopes pushed.
     pub kill_pushes: u64,
 }
+
+/// A rewrite applied to every compiled policy before translation (after validation).
+pub type Transform =
+    std::sync::Arc<dyn Fn(halo_policy::Snapshot) -> halo_policy::Snapshot + Send + Sync>;
 
 /// Why the first load failed (later failures keep the old policy instead).
 #[derive(Debug, thiserror::Error)]
@@ -126,15 +135,34 @@ impl PolicySource {
         interval: Duration,
         settings: GatewaySettings,
         cache: SnapshotCache,
-        mut kill_list: watch::Receiver<Option<String>>,
+        kill_list: watch::Receiver<Option<String>>,
     ) -> Result<PolicySource, SourceError> {
+        Self::spawn_transformed(dir, interval, settings, cache, kill_list, None)
+    }
+
+    /// [`PolicySource::spawn`], with `transform` applied to every compiled policy that
+    /// validated, before it is translated and served (its version is the served one's).
+    pub fn spawn_transformed(
+        dir: PathBuf,
+        interval: Duration,
+        settings: GatewaySettings,
+        cache: SnapshotCache,
+        mut kill_list: watch::Receiver<Option<String>>,
+        transform: Option<Transform>,
+    ) -> Result<PolicySource, SourceError> {
+        let load = move |dir: &Path| {
+            load_policy(dir).map(|compiled| match &transform {
+                Some(t) => t(compiled),
+                None => compiled,
+            })
+        };
         let status = Arc::new(Mutex::new(SourceStatus::default()));
         let fail = |problems| SourceError {
             dir: dir.display().to_string(),
             problems,
         };
         let hash = dir_hash(&dir).map_err(|e| fail(vec![e.to_string()]))?;
-        let mut served = load_policy(&dir).map_err(fail)?;
+        let mut served = load(&dir).map_err(fail)?;
         let envelope = kill_list.borrow_and_update().clone();
         let snap = snapshot_with_kill_list(&served, &settings, envelope.as_deref())
             .map_err(|e| fail(vec![e.to_string()]))?;
@@ -180,15 +208,24 @@ impl PolicySource {
                         continue;
                     }
                 };
+                if hash == seen {
+                    // Back to the served state (a refused edit reverted): nothing is
+                    // refused any more.
+                    let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.rejected_dir_hash.take().is_some() {
+                        tracing::info!(dir = %dir.display(), "policy directory is back to the served policy");
+                    }
+                    continue;
+                }
                 let refused_already = st
                     .lock()
                     .map(|s| s.rejected_dir_hash.as_deref() == Some(hash.as_str()))
                     .unwrap_or(false);
-                if hash == seen || refused_already {
+                if refused_already {
                     continue;
                 }
                 let envelope = kill_list.borrow().clone();
-                let result = load_policy(&dir).and_then(|compiled| {
+                let result = load(&dir).and_then(|compiled| {
                     snapshot_with_kill_list(&compiled, &settings, envelope.as_deref())
                         .map(|snap| (compiled, snap))
                         .map_err(|e| vec![e.to_string()])
@@ -223,5 +260,59 @@ impl PolicySource {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+impl SourceStatus {
+    /// The Prometheus text of the source: reloads by outcome, the served version (an
+    /// info gauge), whether the directory as it is now is refused, kill pushes.
+    pub fn render_prometheus(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP halo_policy_reloads_total Policy directory states loaded by the xDS policy source: accepted (served and pushed, the first load included) or refused (invalid; the last good policy keeps serving).\n# TYPE halo_policy_reloads_total counter\nhalo_policy_reloads_total{{outcome=\"accepted\"}} {}\nhalo_policy_reloads_total{{outcome=\"refused\"}} {}",
+            self.accepted, self.rejected
+        );
+        let _ = writeln!(
+            out,
+            "# HELP halo_policy_served_info The compiled policy version (sha256) being served; the value is always 1.\n# TYPE halo_policy_served_info gauge"
+        );
+        if let Some(v) = &self.served_version {
+            let _ = writeln!(out, "halo_policy_served_info{{version=\"{v}\"}} 1");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP halo_policy_refused_pending 1 while the policy directory as it is now is refused (the served policy is an older one).\n# TYPE halo_policy_refused_pending gauge\nhalo_policy_refused_pending {}",
+            u8::from(self.rejected_dir_hash.is_some())
+        );
+        let _ = writeln!(
+            out,
+            "# HELP halo_policy_kill_pushes_total Kill-list envelopes pushed with the served policy.\n# TYPE halo_policy_kill_pushes_total counter\nhalo_policy_kill_pushes_total {}",
+            self.kill_pushes
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_reloads_by_outcome_and_the_served_version() {
+        let st = SourceStatus {
+            served_version: Some("ab12".into()),
+            accepted: 2,
+            rejected: 1,
+            rejected_dir_hash: Some("ff".into()),
+            ..SourceStatus::default()
+        };
+        let text = st.render_prometheus();
+        assert!(text.contains("halo_policy_reloads_total{outcome=\"accepted\"} 2\n"));
+        assert!(text.contains("halo_policy_reloads_total{outcome=\"refused\"} 1\n"));
+        assert!(text.contains("halo_policy_served_info{version=\"ab12\"} 1\n"));
+        assert!(text.contains("halo_policy_refused_pending 1\n"));
+        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE")).count(), 4);
     }
 }

