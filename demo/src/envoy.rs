@@ -67,7 +67,23 @@ impl EnvoyProcess {
         std::fs::write(&config, bootstrap).context("writing Envoy's bootstrap")?;
         let log =
             std::fs::File::create(dir.path().join("envoy.log")).context("creating Envoy's log")?;
-        let child = Command::new(&binary)
+        let mut command = Command::new(&binary);
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: prctl is async-signal-safe and touches only the child being spawned.
+            // If halo-demo dies without running its destructors (SIGKILL, a test harness
+            // timing out), the kernel sends Envoy SIGTERM instead of leaving it behind.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .arg("-c")
             .arg(&config)
             .args(["--concurrency", "1", "--disable-hot-restart"])
