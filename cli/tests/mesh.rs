@@ -72,7 +72,12 @@ fn renders_istio_and_envoy_gateway_manifests() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let yaml = String::from_utf8_lossy(&o.stdout);
-    assert!(yaml.starts_with("# WARNING: Istio's WasmPlugin cannot set allow_on_headers_stop_iteration"), "{yaml}");
+    assert!(
+        yaml.starts_with(
+            "# WARNING: Istio's WasmPlugin cannot set allow_on_headers_stop_iteration"
+        ),
+        "{yaml}"
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("every model call hangs"));
     for needle in [
         "kind: \"WasmPlugin\"",

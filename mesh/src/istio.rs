@@ -307,7 +307,8 @@ fn wasm_plugin(snap: &Snapshot, settings: &Value, opts: &IstioOptions, selector:
         plugin["spec"]["imagePullSecret"] = json!(secret);
     }
     if opts.kill_switch.is_some() {
-        plugin["spec"]["vmConfig"] = json!({"env": [{"name": GATEWAY_TOKEN_ENV, "valueFrom": "HOST"}]});
+        plugin["spec"]["vmConfig"] =
+            json!({"env": [{"name": GATEWAY_TOKEN_ENV, "valueFrom": "HOST"}]});
     }
     plugin
 }

@@ -124,8 +124,7 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
     );
     let wasm = envoy_filter_wasm(&docs);
     assert_eq!(
-        insert["patch"]["value"]["name"],
-        ef["spec"]["configPatches"][0]["patch"]["value"]["name"],
+        insert["patch"]["value"]["name"], ef["spec"]["configPatches"][0]["patch"]["value"]["name"],
         "the filter chain entry names the extension config"
     );
     // The knob the filter needs, set exactly as the standalone bootstrap sets it.
@@ -147,7 +146,10 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
     .expect("JSON config");
     assert_eq!(cfg["settings"]["identity"]["jwtMetadataKey"], "payload");
     let back = Snapshot::from_bytes(cfg["snapshot"].to_string().as_bytes()).expect("snapshot");
-    assert_eq!(back, snap, "the snapshot round-trips through the configuration");
+    assert_eq!(
+        back, snap,
+        "the snapshot round-trips through the configuration"
+    );
     // The kill list: polled through Istio's outbound cluster for halo-server, the token by
     // environment variable only.
     let ks = &cfg["settings"]["killSwitch"];
@@ -200,7 +202,10 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
         wasm["config"]["settings"]["identity"]["jwtMetadataKey"],
         "https://idp.mesh-corp.example/oauth2/default"
     );
-    assert_eq!(wasm["config"]["settings"]["killSwitch"]["cluster"], "halo-killswitch");
+    assert_eq!(
+        wasm["config"]["settings"]["killSwitch"]["cluster"],
+        "halo-killswitch"
+    );
     assert_eq!(wasm["env"]["hostKeys"], json!(["HALO_GATEWAY_TOKEN"]));
     assert_eq!(kind(&docs, "BackendTLSPolicy").len(), 2);
     assert_eq!(kind(&docs, "Backend").len(), 3);
@@ -219,7 +224,8 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
     );
     assert_eq!(ops[1]["operation"]["value"]["name"], "halo-killswitch");
     assert_eq!(
-        ops[1]["operation"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"],
+        ops[1]["operation"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+            ["address"]["socket_address"]["address"],
         "halo-server.halos.svc.cluster.local"
     );
 }

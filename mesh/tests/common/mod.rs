@@ -166,4 +166,3 @@ pub fn check_against_crds(docs: &[Value], schemas: &BTreeMap<(String, String), V
         );
     }
 }
-
