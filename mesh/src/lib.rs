@@ -41,7 +41,7 @@ pub enum MeshError {
     #[error("image {0:?} is not an oci://REGISTRY/REPOSITORY@sha256:<digest> reference")]
     BadImage(String),
     #[error(
-        "{context} routes alias {alias:?} to {count} targets: the mesh path cannot serve it. Each target carries its own model id, so a retry or a weighted split to the next target must also rewrite the request body, which only the filter's per-attempt stage on halo's aggregate clusters does; Istio's VirtualService/DestinationRule and Gateway API's weighted backendRefs would send the first target's model id to the other provider. Give the alias one target in this policy, or serve it with the halo xDS server (halo-server --xds-listen) or the standalone Envoy (halo envoy render), which both build the aggregate clusters"
+        "{context} routes alias {alias:?} to {count} targets: the mesh path cannot serve it. Each target carries its own model id, so a retry or a weighted split to the next target must also rewrite the request body, which only the filter's per-attempt stage on halo's aggregate clusters does; Istio's VirtualService/DestinationRule and Gateway API's weighted backendRefs would send the first target's model id to the other provider. Give the alias one target in this policy, or serve it with the halo xDS server (halo-server --xds-listen) or the standalone Envoy (halo envoy bootstrap), which both build the aggregate clusters"
     )]
     Failover {
         context: String,
