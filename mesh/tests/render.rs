@@ -4,7 +4,6 @@
 //! fails the test.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 mod common;
 
