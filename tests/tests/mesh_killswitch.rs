@@ -1,10 +1,12 @@
-//! The kill list on the Istio mesh path: `halo istio render` configures the filter to poll
-//! halo-server through Istio's outbound cluster (`outbound|PORT||<halo-server FQDN>`). This
-//! test takes the Envoy Wasm filter config out of the rendered EnvoyFilter, runs it in a
-//! real Envoy next to a cluster named exactly like Istio's, and shows that a kill served by
-//! the kill-list server reaches routing through the poll.
+//! The kill list on the mesh path: `halo istio render` configures the filter to poll
+//! halo-server through Istio's outbound cluster (`outbound|PORT||<halo-server FQDN>`),
+//! `halo envoy-gateway render` through the `halo-killswitch` cluster its EnvoyPatchPolicy
+//! adds. Each test takes the rendered wasm filter config, runs it in a real Envoy next to
+//! the cluster the poll names, and shows that a kill served by the kill-list server reaches
+//! routing through the poll (and that request bodies reach the filter: the rendered
+//! allow_on_headers_stop_iteration is in force).
 //!
-//! Two substitutions stand in for the parts of a mesh that are not here, both explicit:
+//! For Istio, two substitutions stand in for the parts of a mesh that are not here:
 //! - istio-agent's rewrite of `vm_config.code.remote` (the oci:// image) to a local file:
 //!   the module is the workspace build (the image round trip is tests/wasm_image.rs);
 //! - the gateway token: the rendered config names it by environment variable
@@ -15,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use halo_e2e::*;
+use halo_mesh::envoy_gateway::{self, GatewayOptions};
 use halo_mesh::istio::{self, Delivery, IstioOptions};
 use halo_mesh::{GATEWAY_TOKEN_ENV, Image, KillSwitchRef};
 use serde_json::{Value, json};
@@ -114,21 +117,37 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
     wasm["config"]["vm_config"]["code"] = json!({"local": {
         "filename": halo_testkit::filter_wasm().display().to_string(),
     }});
-    // SAFETY: set before Envoy starts, read by nothing else in this test binary.
-    unsafe { std::env::set_var(GATEWAY_TOKEN_ENV, KILL_TOKEN) };
     let mut cfg = rendered.clone();
-    let ks = cfg["settings"]["killSwitch"]
-        .as_object_mut()
-        .expect("killSwitch");
-    ks.remove("tokenEnv");
-    ks.insert(
-        "token".into(),
-        json!(std::env::var(GATEWAY_TOKEN_ENV).expect("token env")),
-    );
+    resolve_token_env(&mut cfg);
     wasm["config"]["configuration"]["value"] = json!(cfg.to_string());
 
-    // 3. A gateway Envoy: the standalone listener and model clusters for the same
-    // snapshot, the rendered filter config, and halo-server's cluster named like Istio's.
+    let cluster = halo_envoy_config::bootstrap::cluster(
+        &cluster_name,
+        &halo_envoy_config::bootstrap::endpoint("kill-list server", &kill.url).expect("url"),
+    );
+    kill_reaches_routing(
+        &snap,
+        &issuer,
+        &kill,
+        wasm,
+        cluster,
+        istio::ISTIO_JWT_PAYLOAD_KEY,
+    )
+    .await;
+}
+
+/// Start Envoy with the standalone listener and model clusters for `snap`, the wasm filter
+/// config `wasm` and the kill-list cluster `cluster`; kill sonnet-canary and wait for a
+/// canary user to fall back to control through the poll.
+async fn kill_reaches_routing(
+    snap: &halo_policy::Snapshot,
+    issuer: &Issuer,
+    kill: &KillServer,
+    wasm: Value,
+    cluster: Value,
+    payload_key: &str,
+) {
+    let cluster_name = cluster["name"].as_str().expect("cluster name").to_string();
     let port = halo_testkit::free_port();
     let admin = halo_testkit::free_port();
     let boot = halo_envoy_config::bootstrap::Standalone {
@@ -141,14 +160,13 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
         settings: json!({}),
         killswitch_url: None,
     };
-    let mut doc = halo_envoy_config::bootstrap::standalone(&snap, &boot).expect("bootstrap");
-    set_payload_key(&mut doc, istio::ISTIO_JWT_PAYLOAD_KEY);
+    let mut doc = halo_envoy_config::bootstrap::standalone(snap, &boot).expect("bootstrap");
+    set_payload_key(&mut doc, payload_key);
     wasm_filter_mut(&mut doc)["typed_config"] = wasm;
-    let ep = halo_envoy_config::bootstrap::endpoint("kill-list server", &kill.url).expect("url");
     doc["static_resources"]["clusters"]
         .as_array_mut()
         .expect("clusters")
-        .push(halo_envoy_config::bootstrap::cluster(&cluster_name, &ep));
+        .push(cluster);
     let yaml = halo_envoy_config::yaml::to_yaml(&doc);
     let envoy = tokio::task::block_in_place(|| halo_testkit::envoy::Envoy::start(&yaml, admin));
 
@@ -202,4 +220,104 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
         .stat(&format!("cluster.{cluster_name}.upstream_rq_completed"))
         .unwrap_or(0);
     assert!(polled > 0, "no request through {cluster_name}");
+}
+
+/// Envoy Gateway: the EnvoyExtensionPolicy's config and env, the EnvoyPatchPolicy's
+/// stop-iteration field and its `halo-killswitch` cluster (the whole cluster resource, as
+/// Envoy Gateway adds it), assembled the way Envoy Gateway's translator builds the wasm
+/// filter (internal/xds/translator/wasm.go at d32f2829: name, VM id, v8, code, env,
+/// configuration as a StringValue, root id, failOpen). Stand-ins: the module is a local
+/// file (Envoy Gateway serves it from its wasm cache), the service is 127.0.0.1 (no
+/// cluster DNS here), and tokenEnv is resolved into token (the filter change).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_reaches_the_filter_rendered_for_envoy_gateway_through_the_patched_cluster() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let kill = KillServer::start().await;
+    let mut snap = test_snapshot(&issuer.url, &p);
+    snap.models.remove("weighted");
+    let kill_port: u16 = kill
+        .url
+        .split(':')
+        .nth(2)
+        .and_then(|s| s.split('/').next())
+        .and_then(|s| s.parse().ok())
+        .expect("kill server port");
+    let opts = GatewayOptions {
+        image: Image::parse(&format!(
+            "oci://registry.example.com/halos/halo-filter@sha256:{}",
+            "ab".repeat(32)
+        ))
+        .expect("image"),
+        namespace: "halos".into(),
+        gateway: "halo-gateway".into(),
+        hosts: Vec::new(),
+        image_pull_policy: "IfNotPresent".into(),
+        image_pull_secret: None,
+        jwks_uri: None,
+        settings: json!({}),
+        listener: "halos/halo-gateway/https".into(),
+        kill_switch: Some(KillSwitchRef {
+            service: "127.0.0.1".into(),
+            port: kill_port,
+            pubkey_pem: kill.pubkey_pem(),
+            interval_seconds: Some(1),
+        }),
+    };
+    let docs = envoy_gateway::render(&snap, &opts).expect("render");
+    let by_kind = |k: &str| docs.iter().find(|d| d["kind"] == k).expect(k).clone();
+    let policy = by_kind("EnvoyExtensionPolicy");
+    let patch = by_kind("EnvoyPatchPolicy");
+    let w = &policy["spec"]["wasm"][0];
+    let mut config = w["config"].clone();
+    assert_eq!(
+        config["settings"]["killSwitch"]["tokenEnv"],
+        GATEWAY_TOKEN_ENV
+    );
+    resolve_token_env(&mut config);
+    let mut plugin = json!({
+        "name": w["name"],
+        "root_id": w["rootID"],
+        "fail_open": w["failOpen"],
+        "vm_config": {
+            "vm_id": "envoyextensionpolicy/halos/halo/wasm/0",
+            "runtime": "envoy.wasm.runtime.v8",
+            "code": {"local": {"filename": halo_testkit::filter_wasm().display().to_string()}},
+            "environment_variables": {"host_env_keys": w["env"]["hostKeys"]},
+        },
+        "configuration": {
+            "@type": "type.googleapis.com/google.protobuf.StringValue",
+            "value": config.to_string(),
+        },
+    });
+    // The EnvoyPatchPolicy's first patch, applied at its path under the filter.
+    let op = &patch["spec"]["jsonPatches"][0]["operation"];
+    let field = op["path"]
+        .as_str()
+        .and_then(|p| p.strip_prefix("/typed_config/config/"))
+        .expect("a field of the filter's PluginConfig");
+    plugin[field] = op["value"].clone();
+    let wasm = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+        "config": plugin,
+    });
+    let cluster = patch["spec"]["jsonPatches"][1]["operation"]["value"].clone();
+    assert_eq!(cluster["name"], "halo-killswitch");
+    kill_reaches_routing(&snap, &issuer, &kill, wasm, cluster, &issuer.url).await;
+}
+
+/// The filter change's stand-in: `killSwitch.tokenEnv` resolved from the environment into
+/// `killSwitch.token`.
+fn resolve_token_env(config: &mut Value) {
+    // SAFETY: set before Envoy starts; every test sets the same value.
+    unsafe { std::env::set_var(GATEWAY_TOKEN_ENV, KILL_TOKEN) };
+    let ks = config["settings"]["killSwitch"]
+        .as_object_mut()
+        .expect("killSwitch");
+    let var = ks.remove("tokenEnv").expect("tokenEnv");
+    let name = var.as_str().expect("variable name");
+    ks.insert(
+        "token".into(),
+        json!(std::env::var(name).expect("token env")),
+    );
 }
