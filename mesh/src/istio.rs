@@ -1,4 +1,5 @@
-//! Istio manifests: the filter as a WasmPlugin pulled from a digest-pinned OCI image, the
+//! Istio manifests: the filter as an EnvoyFilter (or WasmPlugin, see Delivery) pulled from
+//! a digest-pinned OCI image, the
 //! developers' issuer as a RequestAuthentication, and per routed upstream a ServiceEntry
 //! (the external host), a DestinationRule (TLS origination for https, outlier detection
 //! as the breaker) and a VirtualService rule sending the filter's route header there.

@@ -3,10 +3,12 @@
 //! returns `serde_json::Value` documents, printed with [`to_yaml`].
 //!
 //! Code map:
-//! - [`istio`]: WasmPlugin, RequestAuthentication, ServiceEntry + DestinationRule per
-//!   upstream, the VirtualService sending the filter's route header to them.
-//! - [`envoy_gateway`]: EnvoyExtensionPolicy, SecurityPolicy, Backend + BackendTLSPolicy
-//!   + BackendTrafficPolicy per upstream, the HTTPRoute.
+//! - [`istio`]: EnvoyFilter (or WasmPlugin), RequestAuthentication, ServiceEntry +
+//!   DestinationRule per upstream, the VirtualService sending the filter's route header to
+//!   them.
+//! - [`envoy_gateway`]: EnvoyExtensionPolicy + EnvoyPatchPolicy, SecurityPolicy, Backend +
+//!   BackendTLSPolicy + BackendTrafficPolicy per upstream, the HTTPRoute.
+//! - [`control_plane`]: halo-server's Deployment, Service, NetworkPolicy.
 //!
 //! Shared here: the digest-pinned image reference, the upstream endpoints, the refusal
 //! of policies the mesh path cannot serve (see [`single_target_routes`]) and the kill-list
