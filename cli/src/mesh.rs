@@ -1,8 +1,9 @@
 //! `halo istio render` and `halo envoy-gateway render`: the mesh manifests rendered from a
 //! policy repo (halo-mesh renders; this module reads the policy and flags and writes).
 //!
-//! The kill-list poller is not configured on the mesh path: its gateway token would sit in
-//! a custom resource readable by anyone who can read WasmPlugins/EnvoyExtensionPolicies.
+//! The kill-list poll is configured with `--kill-switch-pubkey`: halo-server's in-cluster
+//! Service, the public key inline (public), the gateway token by reference only (the proxy
+//! environment variable HALO_GATEWAY_TOKEN, filled from a Secret by the operator).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,8 +12,8 @@ use anyhow::{Context, anyhow};
 use clap::Subcommand;
 use halo_fsutil::write_atomic;
 use halo_mesh::envoy_gateway::{self, GatewayOptions};
-use halo_mesh::istio::{self, IstioOptions};
-use halo_mesh::{Image, to_yaml};
+use halo_mesh::istio::{self, Delivery, IstioOptions};
+use halo_mesh::{Image, KillSwitchRef, to_yaml};
 use halo_policy::compile;
 use serde_json::{Map, Value, json};
 
@@ -60,9 +61,35 @@ pub struct CommonArgs {
     /// Largest model-call body in bytes (default 32 MiB); larger is 413.
     #[arg(long, value_name = "BYTES")]
     max_body_bytes: Option<u64>,
+    /// halo-server's kill-list verification key (ed25519 public key, PEM): configures the
+    /// filter's kill-list poll to halo-server's Service. The gateway token is never
+    /// rendered: set HALO_GATEWAY_TOKEN on the gateway pods from a Secret.
+    #[arg(long, value_name = "FILE")]
+    kill_switch_pubkey: Option<PathBuf>,
+    /// halo-server's Service FQDN (the kill-list poll's target).
+    #[arg(
+        long,
+        value_name = "FQDN",
+        default_value = "halo-server.halos.svc.cluster.local"
+    )]
+    kill_switch_service: String,
+    /// halo-server's API port.
+    #[arg(long, value_name = "PORT", default_value_t = halo_mesh::control_plane::API_PORT)]
+    kill_switch_port: u16,
+    /// Kill-list poll interval in seconds (default 10).
+    #[arg(long, value_name = "SECONDS")]
+    kill_switch_interval: Option<u32>,
     /// Output file (written atomically), or - for standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE", default_value = "-")]
     output: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum DeliveryArg {
+    /// EnvoyFilter (EXTENSION_CONFIG + HTTP_FILTER) setting allow_on_headers_stop_iteration.
+    EnvoyFilter,
+    /// WasmPlugin: cannot set allow_on_headers_stop_iteration; model calls hang.
+    WasmPlugin,
 }
 
 #[derive(Debug, clap::Args)]
@@ -86,6 +113,10 @@ pub struct IstioArgs {
         default_value = "istio-system/halo-gateway"
     )]
     gateways: Vec<String>,
+    /// How the filter is attached: envoy-filter (works) or wasm-plugin (kept for when
+    /// Istio's WasmPlugin exposes allow_on_headers_stop_iteration).
+    #[arg(long, value_enum, default_value = "envoy-filter")]
+    delivery: DeliveryArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -98,6 +129,10 @@ pub struct GatewayArgs {
     /// The Gateway API Gateway the policies and the HTTPRoute attach to.
     #[arg(long, value_name = "NAME", default_value = "halo-gateway")]
     gateway: String,
+    /// The Gateway's Envoy listener (xDS name) the EnvoyPatchPolicy patches
+    /// (default NAMESPACE/GATEWAY/https; tcp-PORT with Envoy Gateway's v2 xDS names).
+    #[arg(long, value_name = "NAME")]
+    listener: Option<String>,
 }
 
 pub fn run_istio(command: IstioCommand) -> Result<(), Failure> {
@@ -120,9 +155,18 @@ pub fn run_istio(command: IstioCommand) -> Result<(), Failure> {
         image_pull_secret: args.common.image_pull_secret.clone(),
         jwks_uri: args.common.jwks_uri.clone(),
         settings,
+        delivery: match args.delivery {
+            DeliveryArg::EnvoyFilter => Delivery::EnvoyFilter,
+            DeliveryArg::WasmPlugin => Delivery::WasmPlugin,
+        },
+        kill_switch: kill_switch(&args.common)?,
     };
     let docs = istio::render(&snap, &opts).context("rendering the Istio manifests")?;
-    write(&args.common, &docs, "halo istio render")
+    let warning = (opts.delivery == Delivery::WasmPlugin).then_some(istio::WASM_PLUGIN_WARNING);
+    if let Some(w) = warning {
+        eprintln!("halo: {w}");
+    }
+    write(&args.common, &docs, "halo istio render", warning)
 }
 
 pub fn run_envoy_gateway(command: EnvoyGatewayCommand) -> Result<(), Failure> {
@@ -137,10 +181,29 @@ pub fn run_envoy_gateway(command: EnvoyGatewayCommand) -> Result<(), Failure> {
         image_pull_secret: args.common.image_pull_secret.clone(),
         jwks_uri: args.common.jwks_uri.clone(),
         settings,
+        listener: args
+            .listener
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}/https", args.namespace, args.gateway)),
+        kill_switch: kill_switch(&args.common)?,
     };
     let docs =
         envoy_gateway::render(&snap, &opts).context("rendering the Envoy Gateway manifests")?;
-    write(&args.common, &docs, "halo envoy-gateway render")
+    write(&args.common, &docs, "halo envoy-gateway render", None)
+}
+
+fn kill_switch(common: &CommonArgs) -> Result<Option<KillSwitchRef>, Failure> {
+    let Some(path) = &common.kill_switch_pubkey else {
+        return Ok(None);
+    };
+    let pubkey_pem = std::fs::read_to_string(path)
+        .with_context(|| format!("reading --kill-switch-pubkey {}", path.display()))?;
+    Ok(Some(KillSwitchRef {
+        service: common.kill_switch_service.clone(),
+        port: common.kill_switch_port,
+        pubkey_pem,
+        interval_seconds: common.kill_switch_interval,
+    }))
 }
 
 fn hosts(common: &CommonArgs) -> Vec<String> {
@@ -168,11 +231,19 @@ fn prepare(common: &CommonArgs) -> Result<(halo_policy::Snapshot, Image, Value),
     Ok((snap, image, Value::Object(settings)))
 }
 
-fn write(common: &CommonArgs, docs: &[Value], command: &str) -> Result<(), Failure> {
+fn write(
+    common: &CommonArgs,
+    docs: &[Value],
+    command: &str,
+    warning: Option<&str>,
+) -> Result<(), Failure> {
     let source = common.policy_dir.display().to_string();
-    let header = format!(
+    let mut header = format!(
         "Generated by `{command}` from {source}.\nDo not edit: change the policy or the flags and render again."
     );
+    if let Some(w) = warning {
+        header = format!("{w}\n{header}");
+    }
     let yaml = to_yaml(docs, &header);
     if common.output == Path::new("-") {
         print!("{yaml}");

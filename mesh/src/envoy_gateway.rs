@@ -4,6 +4,14 @@
 //! system CAs) and a BackendTrafficPolicy (passive health check as the breaker), plus the
 //! HTTPRoute sending the filter's route header to the Backend.
 //!
+//! The filter needs `allow_on_headers_stop_iteration: true`, which EnvoyExtensionPolicy
+//! does not expose (envoyproxy/gateway#8382): an EnvoyPatchPolicy adds it to the wasm
+//! filter Envoy Gateway generates, found by its name
+//! (`envoy.filters.http.wasm/envoyextensionpolicy/<ns>/halo/wasm/0`) under the Gateway's
+//! listener, and (with the kill list) adds the `halo-killswitch` cluster the filter's poll
+//! names. EnvoyPatchPolicy must be enabled in Envoy Gateway
+//! (`extensionApis.enableEnvoyPatchPolicy: true`).
+//!
 //! Envoy Gateway enables policy filters per route, so the HTTPRoute ends with a catch-all
 //! rule: every request matches some route before the filter runs, the filter then sets the
 //! route header and Envoy re-selects the header rule. Envoy Gateway's jwt_authn writes the
@@ -14,7 +22,10 @@ use halo_envoy_config::names;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
 
-use crate::{Image, MeshError, jwks_uri, metadata, routed_upstreams, settings_with_key};
+use crate::{
+    GATEWAY_TOKEN_ENV, Image, KillSwitchRef, MeshError, STOP_ITERATION_FIELD, jwks_uri, metadata,
+    routed_upstreams, settings_with_key, with_kill_switch,
+};
 
 /// What the Envoy Gateway manifests are rendered from, besides the snapshot.
 #[derive(Debug, Clone)]
@@ -33,6 +44,18 @@ pub struct GatewayOptions {
     pub jwks_uri: Option<String>,
     /// The filter's `settings` object, passed through (jwtMetadataKey is set here).
     pub settings: Value,
+    /// The Envoy listener (xDS name) carrying the Gateway's HTTP traffic, which the
+    /// EnvoyPatchPolicy patches: `<namespace>/<gateway>/<listener section>` by default in
+    /// Envoy Gateway, `tcp-<port>` with its v2 xDS name scheme.
+    pub listener: String,
+    /// The kill-list poll (none: the kill state changes only by re-rendering).
+    pub kill_switch: Option<KillSwitchRef>,
+}
+
+/// The name Envoy Gateway gives the HTTP filter of the first wasm entry of the
+/// EnvoyExtensionPolicy `policy` in `ns`.
+pub fn wasm_filter_name(ns: &str, policy: &str) -> String {
+    format!("envoy.filters.http.wasm/envoyextensionpolicy/{ns}/{policy}/wasm/0")
 }
 
 /// Every Envoy Gateway manifest for `snap`, or why the mesh path cannot serve it.
@@ -42,6 +65,13 @@ pub fn render(snap: &Snapshot, opts: &GatewayOptions) -> Result<Vec<Value>, Mesh
     let ns = opts.namespace.as_str();
     let issuer = snap.identity.as_ref().filter(|i| !i.issuer.is_empty());
     let settings = settings_with_key(&opts.settings, issuer.map(|i| i.issuer.as_str()))?;
+    let ks = opts.kill_switch.as_ref();
+    let settings = with_kill_switch(settings, ks, names::KILLSWITCH_CLUSTER)?;
+    if opts.listener.is_empty() {
+        return Err(MeshError::Option(
+            "the Gateway's Envoy listener name is required (the EnvoyPatchPolicy that sets allow_on_headers_stop_iteration patches it)".into(),
+        ));
+    }
     let gateway_ref =
         json!([{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": opts.gateway}]);
     let mut docs = Vec::new();
@@ -50,21 +80,23 @@ pub fn render(snap: &Snapshot, opts: &GatewayOptions) -> Result<Vec<Value>, Mesh
     if let Some(secret) = &opts.image_pull_secret {
         image["pullSecretRef"] = json!({"name": secret});
     }
+    let mut wasm = json!({
+        "name": "halo",
+        "rootID": "halo",
+        "failOpen": false,
+        "code": {"type": "Image", "image": image, "pullPolicy": opts.image_pull_policy},
+        "config": filter_configuration(snap, &settings),
+    });
+    if ks.is_some() {
+        wasm["env"] = json!({"hostKeys": [GATEWAY_TOKEN_ENV]});
+    }
     docs.push(json!({
         "apiVersion": "gateway.envoyproxy.io/v1alpha1",
         "kind": "EnvoyExtensionPolicy",
         "metadata": metadata("halo", ns),
-        "spec": {
-            "targetRefs": gateway_ref,
-            "wasm": [{
-                "name": "halo",
-                "rootID": "halo",
-                "failOpen": false,
-                "code": {"type": "Image", "image": image, "pullPolicy": opts.image_pull_policy},
-                "config": filter_configuration(snap, &settings),
-            }],
-        },
+        "spec": {"targetRefs": gateway_ref, "wasm": [wasm]},
     }));
+    docs.push(patch_policy(opts, ks));
 
     if let Some(identity) = issuer {
         let mut provider = json!({
@@ -162,4 +194,52 @@ pub fn render(snap: &Snapshot, opts: &GatewayOptions) -> Result<Vec<Value>, Mesh
         },
     }));
     Ok(docs)
+}
+
+/// The EnvoyPatchPolicy: allow_on_headers_stop_iteration on the halo wasm filter, and the
+/// kill-list cluster when the poll is configured.
+fn patch_policy(opts: &GatewayOptions, ks: Option<&KillSwitchRef>) -> Value {
+    let filter = wasm_filter_name(&opts.namespace, "halo");
+    let mut patches = vec![json!({
+        "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+        "name": opts.listener,
+        "operation": {
+            "op": "add",
+            // Every filter chain of the listener (HTTP and HTTPS) carries the filter.
+            "jsonPath": format!("..http_filters[?(@.name=='{filter}')]"),
+            "path": format!("/typed_config/config/{STOP_ITERATION_FIELD}"),
+            "value": true,
+        },
+    })];
+    if let Some(ks) = ks {
+        patches.push(json!({
+            "type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            "name": names::KILLSWITCH_CLUSTER,
+            // An empty path adds the value as a whole new cluster.
+            "operation": {"op": "add", "path": "", "value": {
+                "name": names::KILLSWITCH_CLUSTER,
+                "type": "STRICT_DNS",
+                "connect_timeout": "5s",
+                "load_assignment": {
+                    "cluster_name": names::KILLSWITCH_CLUSTER,
+                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                        "address": ks.service,
+                        "port_value": ks.port,
+                    }}}}]}],
+                },
+            }},
+        }));
+    }
+    json!({
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "EnvoyPatchPolicy",
+        "metadata": metadata("halo", &opts.namespace),
+        "spec": {
+            // The singular targetRef: the CRD of Envoy Gateway d32f2829 (shared/crds) knows
+            // only it; later releases accept it as deprecated.
+            "targetRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": opts.gateway},
+            "type": "JSONPatch",
+            "jsonPatches": patches,
+        },
+    })
 }

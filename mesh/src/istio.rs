@@ -1,7 +1,18 @@
-//! Istio manifests: the filter as a WasmPlugin pulled from a digest-pinned OCI image, the
+//! Istio manifests: the filter as an EnvoyFilter (or WasmPlugin, see Delivery) pulled from
+//! a digest-pinned OCI image, the
 //! developers' issuer as a RequestAuthentication, and per routed upstream a ServiceEntry
 //! (the external host), a DestinationRule (TLS origination for https, outlier detection
 //! as the breaker) and a VirtualService rule sending the filter's route header there.
+//!
+//! Delivery: the filter needs `allow_on_headers_stop_iteration: true` in its Envoy wasm
+//! config, which WasmPlugin does not expose (and an EnvoyFilter cannot MERGE into the
+//! config a WasmPlugin delivers over ECDS). So by default ([`Delivery::EnvoyFilter`]) the
+//! filter is an EnvoyFilter with two patches, Istio's documented pattern for wasm
+//! extensions: EXTENSION_CONFIG ADD (the full Envoy Wasm filter config, code fetched by
+//! istio-agent from the same `oci://` URL and sha256 a WasmPlugin would use) and
+//! HTTP_FILTER ADD in the AUTHZ filter class (the filter chain entry pointing at it over
+//! ECDS). [`Delivery::WasmPlugin`] is kept for when Istio exposes the field; today it
+//! renders a plugin under which every model call hangs, so it carries a warning.
 //!
 //! Ordering: Istio inserts AUTHN-phase plugins *before* its own authentication filters and
 //! AUTHZ-phase plugins after them (before its authorization filters). The filter reads the
@@ -16,13 +27,34 @@ use halo_envoy_config::names;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
 
-use crate::{Image, MeshError, jwks_uri, metadata, routed_upstreams, settings_with_key};
+use crate::{
+    GATEWAY_TOKEN_ENV, Image, KillSwitchRef, MeshError, STOP_ITERATION_FIELD, jwks_uri, metadata,
+    routed_upstreams, settings_with_key, with_kill_switch,
+};
 
 /// Where Istio's jwt_authn writes the verified payload (Istio's `EnvoyJwtFilterPayload`).
 pub const ISTIO_JWT_PAYLOAD_KEY: &str = "payload";
 
 /// WasmPlugin priority within the AUTHZ phase: higher runs first.
 pub const PLUGIN_PRIORITY: i64 = 1000;
+
+/// How the filter reaches the gateway's Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// EnvoyFilter (EXTENSION_CONFIG + HTTP_FILTER) carrying allow_on_headers_stop_iteration.
+    EnvoyFilter,
+    /// WasmPlugin: cannot set allow_on_headers_stop_iteration; model calls hang.
+    WasmPlugin,
+}
+
+/// The warning the WasmPlugin delivery carries (output header and CLI stderr).
+pub const WASM_PLUGIN_WARNING: &str = "WARNING: Istio's WasmPlugin cannot set allow_on_headers_stop_iteration: Envoy turns the filter's pause into StopAll, the request body never reaches it and every model call hangs. Use the default --delivery envoy-filter until Istio exposes the field.";
+
+/// The Envoy cluster Istio builds for a Service port: what the filter's kill-list poll
+/// (dispatch_http_call) names.
+pub fn outbound_cluster(fqdn: &str, port: u16) -> String {
+    format!("outbound|{port}||{fqdn}")
+}
 
 /// What the Istio manifests are rendered from, besides the snapshot.
 #[derive(Debug, Clone)]
@@ -44,6 +76,9 @@ pub struct IstioOptions {
     pub jwks_uri: Option<String>,
     /// The filter's `settings` object, passed through (jwtMetadataKey is set here).
     pub settings: Value,
+    pub delivery: Delivery,
+    /// The kill-list poll (none: the kill state changes only by re-rendering).
+    pub kill_switch: Option<KillSwitchRef>,
 }
 
 /// Every Istio manifest for `snap`, or why the mesh cannot serve it.
@@ -52,7 +87,7 @@ pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshEr
     crate::check_pull_policy(&opts.image_pull_policy)?;
     if opts.selector.is_empty() {
         return Err(MeshError::Option(
-            "a selector is required: the WasmPlugin must attach to the gateway workload, not every proxy in the namespace".into(),
+            "a selector is required: the filter must attach to the gateway workload, not every proxy in the namespace".into(),
         ));
     }
     let ns = opts.namespace.as_str();
@@ -61,28 +96,24 @@ pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshEr
     let selector = json!({"matchLabels": opts.selector});
     let mut docs = Vec::new();
 
-    let mut plugin = json!({
-        "apiVersion": "extensions.istio.io/v1alpha1",
-        "kind": "WasmPlugin",
-        "metadata": metadata("halo", ns),
-        "spec": {
-            "selector": selector,
-            "url": opts.image.oci_url(),
-            "sha256": opts.image.sha256,
-            "imagePullPolicy": opts.image_pull_policy,
-            "phase": "AUTHZ",
-            "priority": PLUGIN_PRIORITY,
-            "pluginName": "halo",
-            "type": "HTTP",
-            "failStrategy": "FAIL_CLOSE",
-            "match": [{"mode": "SERVER"}],
-            "pluginConfig": filter_configuration(snap, &settings),
-        },
-    });
-    if let Some(secret) = &opts.image_pull_secret {
-        plugin["spec"]["imagePullSecret"] = json!(secret);
+    let ks = opts.kill_switch.as_ref();
+    let settings = with_kill_switch(
+        settings,
+        ks,
+        &ks.map(|k| outbound_cluster(&k.service, k.port))
+            .unwrap_or_default(),
+    )?;
+    match opts.delivery {
+        Delivery::EnvoyFilter => {
+            if opts.image_pull_secret.is_some() {
+                return Err(MeshError::Option(
+                    "--image-pull-secret works only with --delivery wasm-plugin: istiod resolves a WasmPlugin's pull Secret, while an EnvoyFilter would have to carry the credentials inline. Pull the filter from a registry the gateway reaches without credentials (an in-cluster mirror)".into(),
+                ));
+            }
+            docs.push(envoy_filter(snap, &settings, opts));
+        }
+        Delivery::WasmPlugin => docs.push(wasm_plugin(snap, &settings, opts, &selector)),
     }
-    docs.push(plugin);
 
     if let Some(identity) = issuer {
         let mut rule = json!({
@@ -173,4 +204,112 @@ pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshEr
         "spec": {"hosts": opts.hosts, "gateways": opts.gateways, "http": http_routes},
     }));
     Ok(docs)
+}
+
+/// The filter as an EnvoyFilter: the Envoy Wasm filter config served over ECDS (what a
+/// WasmPlugin would produce, plus allow_on_headers_stop_iteration), inserted in the AUTHZ
+/// class of the gateway's HTTP filters, after Istio's jwt_authn.
+fn envoy_filter(snap: &Snapshot, settings: &Value, opts: &IstioOptions) -> Value {
+    let ns = opts.namespace.as_str();
+    // ECDS names are global per proxy: qualify with the namespace (Istio's advice).
+    let ecds_name = format!("{ns}.halo");
+    let mut env = json!({
+        // istio-agent reads the pull policy from here, as it does for a WasmPlugin.
+        "key_values": {"ISTIO_META_WASM_IMAGE_PULL_POLICY": opts.image_pull_policy},
+    });
+    if opts.kill_switch.is_some() {
+        env["host_env_keys"] = json!([GATEWAY_TOKEN_ENV]);
+    }
+    let mut config = json!({
+        "name": "halo",
+        "root_id": "halo",
+        "fail_open": false,
+        "vm_config": {
+            "vm_id": "halo",
+            "runtime": "envoy.wasm.runtime.v8",
+            // istio-agent fetches the image (oci://, digest-checked) and rewrites this to
+            // a local file before the config reaches Envoy.
+            "code": {"remote": {
+                "http_uri": {"uri": opts.image.oci_url(), "timeout": "30s"},
+                "sha256": opts.image.sha256,
+            }},
+            "environment_variables": env,
+        },
+        "configuration": {
+            "@type": "type.googleapis.com/google.protobuf.StringValue",
+            "value": filter_configuration(snap, settings).to_string(),
+        },
+    });
+    config[STOP_ITERATION_FIELD] = json!(true);
+    json!({
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": metadata("halo", ns),
+        "spec": {
+            "workloadSelector": {"labels": opts.selector},
+            "configPatches": [
+                {
+                    "applyTo": "EXTENSION_CONFIG",
+                    "patch": {"operation": "ADD", "value": {
+                        "name": ecds_name,
+                        "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                            "config": config,
+                        },
+                    }},
+                },
+                {
+                    "applyTo": "HTTP_FILTER",
+                    "match": {
+                        "context": "GATEWAY",
+                        "listener": {"filterChain": {"filter": {"name": "envoy.filters.network.http_connection_manager"}}},
+                    },
+                    "patch": {
+                        "operation": "ADD",
+                        // After Istio's authentication (jwt_authn) filters, like phase AUTHZ.
+                        "filterClass": "AUTHZ",
+                        "value": {
+                            "name": ecds_name,
+                            "config_discovery": {
+                                // Wait for the module instead of serving without the filter.
+                                "config_source": {"ads": {}, "initial_fetch_timeout": "0s"},
+                                "type_urls": ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"],
+                            },
+                        },
+                    },
+                },
+            ],
+        },
+    })
+}
+
+/// The filter as a WasmPlugin (see [`WASM_PLUGIN_WARNING`]).
+fn wasm_plugin(snap: &Snapshot, settings: &Value, opts: &IstioOptions, selector: &Value) -> Value {
+    let ns = opts.namespace.as_str();
+    let mut plugin = json!({
+        "apiVersion": "extensions.istio.io/v1alpha1",
+        "kind": "WasmPlugin",
+        "metadata": metadata("halo", ns),
+        "spec": {
+            "selector": selector,
+            "url": opts.image.oci_url(),
+            "sha256": opts.image.sha256,
+            "imagePullPolicy": opts.image_pull_policy,
+            "phase": "AUTHZ",
+            "priority": PLUGIN_PRIORITY,
+            "pluginName": "halo",
+            "type": "HTTP",
+            "failStrategy": "FAIL_CLOSE",
+            "match": [{"mode": "SERVER"}],
+            "pluginConfig": filter_configuration(snap, settings),
+        },
+    });
+    if let Some(secret) = &opts.image_pull_secret {
+        plugin["spec"]["imagePullSecret"] = json!(secret);
+    }
+    if opts.kill_switch.is_some() {
+        plugin["spec"]["vmConfig"] =
+            json!({"env": [{"name": GATEWAY_TOKEN_ENV, "valueFrom": "HOST"}]});
+    }
+    plugin
 }

@@ -3,13 +3,27 @@
 //! returns `serde_json::Value` documents, printed with [`to_yaml`].
 //!
 //! Code map:
-//! - [`istio`]: WasmPlugin, RequestAuthentication, ServiceEntry + DestinationRule per
-//!   upstream, the VirtualService sending the filter's route header to them.
-//! - [`envoy_gateway`]: EnvoyExtensionPolicy, SecurityPolicy, Backend + BackendTLSPolicy
-//!   + BackendTrafficPolicy per upstream, the HTTPRoute.
+//! - [`istio`]: EnvoyFilter (or WasmPlugin), RequestAuthentication, ServiceEntry +
+//!   DestinationRule per upstream, the VirtualService sending the filter's route header to
+//!   them.
+//! - [`envoy_gateway`]: EnvoyExtensionPolicy + EnvoyPatchPolicy, SecurityPolicy, Backend +
+//!   BackendTLSPolicy + BackendTrafficPolicy per upstream, the HTTPRoute.
+//! - [`control_plane`]: halo-server's Deployment, Service, NetworkPolicy.
 //!
-//! Shared here: the digest-pinned image reference, the upstream endpoints and the refusal
-//! of policies the mesh path cannot serve (see [`single_target_routes`]).
+//! Shared here: the digest-pinned image reference, the upstream endpoints, the refusal
+//! of policies the mesh path cannot serve (see [`single_target_routes`]) and the kill-list
+//! poller's settings (see [`KillSwitchRef`]).
+//!
+//! Two facts shape every mesh rendering:
+//! - The filter pauses on request headers and decides on the body, so its Envoy wasm
+//!   config needs `allow_on_headers_stop_iteration: true` (Envoy >= 1.35); without it Envoy
+//!   turns the pause into StopAll and the body never reaches the filter: every model call
+//!   hangs. Neither Istio's WasmPlugin nor Envoy Gateway's EnvoyExtensionPolicy exposes
+//!   the field, so each renderer adds it with the platform's patch resource
+//!   ([`STOP_ITERATION_FIELD`]).
+//! - No secret is ever rendered: the gateway token for the kill list reaches the filter
+//!   through a proxy environment variable ([`GATEWAY_TOKEN_ENV`]) the operator fills from
+//!   a Secret.
 
 pub mod control_plane;
 pub mod envoy_gateway;
@@ -29,7 +43,7 @@ pub enum MeshError {
     #[error("image {0:?} is not an oci://REGISTRY/REPOSITORY@sha256:<digest> reference")]
     BadImage(String),
     #[error(
-        "{context} routes alias {alias:?} to {count} targets: failover across targets needs aggregate clusters, which the plain WasmPlugin/extension-policy mesh path cannot give. Give the alias one target for the mesh, or serve this policy with the halo xDS server or the standalone Envoy"
+        "{context} routes alias {alias:?} to {count} targets: the mesh path cannot serve it. Each target carries its own model id, so a retry or a weighted split to the next target must also rewrite the request body, which only the filter's per-attempt stage on halo's aggregate clusters does; Istio's VirtualService/DestinationRule and Gateway API's weighted backendRefs would send the first target's model id to the other provider. Give the alias one target in this policy, or serve it with the halo xDS server (halo-server --xds-listen) or the standalone Envoy (halo envoy bootstrap), which both build the aggregate clusters"
     )]
     Failover {
         context: String,
@@ -122,6 +136,86 @@ pub fn single_target_routes(snap: &Snapshot) -> Result<(), MeshError> {
         }
     }
     Ok(())
+}
+
+/// The Envoy wasm PluginConfig field the filter needs (see the module docs).
+pub const STOP_ITERATION_FIELD: &str = "allow_on_headers_stop_iteration";
+
+/// The proxy environment variable holding the gateway token for the kill list. The
+/// rendered wasm VM config lists it as a host env key; the operator sets it on the gateway
+/// pods from a Secret (`valueFrom.secretKeyRef`), so no manifest holds the token.
+pub const GATEWAY_TOKEN_ENV: &str = "HALO_GATEWAY_TOKEN";
+
+/// halo-server's kill-list path.
+pub const KILLSWITCH_PATH: &str = "/api/v1/gateway/killswitch";
+
+/// Where the filter polls the signed kill list in a mesh: halo-server's in-cluster
+/// Service. Only references: the public key is public (it verifies, it cannot sign) and
+/// the token is named by its environment variable.
+#[derive(Debug, Clone)]
+pub struct KillSwitchRef {
+    /// halo-server's Service FQDN, e.g. `halo-server.halos.svc.cluster.local`.
+    pub service: String,
+    /// Its API port (8080 in `halo control-plane render`).
+    pub port: u16,
+    /// The kill-list verification key (ed25519 public key, PEM).
+    pub pubkey_pem: String,
+    /// Poll interval; the filter's default (10 s) when `None`.
+    pub interval_seconds: Option<u32>,
+}
+
+impl KillSwitchRef {
+    /// The `settings.killSwitch` object for a poll through the Envoy cluster `cluster`.
+    /// Plain http on the wire to the filter's eyes: in Istio the outbound cluster adds mesh
+    /// mTLS; in Envoy Gateway the call stays inside the cluster network (the filter requires
+    /// the explicit allowInsecureInCluster for that).
+    pub(crate) fn settings(&self, cluster: &str) -> Result<Value, MeshError> {
+        let svc = self.service.as_str();
+        let valid = !svc.is_empty()
+            && svc
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && svc.contains('.');
+        if !valid {
+            return Err(MeshError::Option(format!(
+                "kill-list service {svc:?}: give halo-server's Service FQDN, e.g. halo-server.halos.svc.cluster.local"
+            )));
+        }
+        if !self.pubkey_pem.contains("PUBLIC KEY") {
+            return Err(MeshError::Option(
+                "the kill-list key must be the ed25519 PUBLIC key (PEM); the signing key never leaves halo-server".into(),
+            ));
+        }
+        let mut ks = serde_json::json!({
+            "cluster": cluster,
+            "url": format!("http://{svc}:{}{KILLSWITCH_PATH}", self.port),
+            "tokenEnv": GATEWAY_TOKEN_ENV,
+            "pubkey": self.pubkey_pem,
+            "allowInsecureInCluster": true,
+        });
+        if let Some(secs) = self.interval_seconds {
+            ks["intervalSeconds"] = serde_json::json!(secs);
+        }
+        Ok(ks)
+    }
+}
+
+/// Put the kill-list settings into the filter settings; a token given inline is refused
+/// (it would land in a custom resource anyone allowed to read it could see).
+pub(crate) fn with_kill_switch(
+    mut settings: Value,
+    ks: Option<&KillSwitchRef>,
+    cluster: &str,
+) -> Result<Value, MeshError> {
+    if settings.pointer("/killSwitch/token").is_some() {
+        return Err(MeshError::Option(
+            "settings.killSwitch.token: a gateway token is never rendered into a manifest; the filter reads it from the proxy environment variable HALO_GATEWAY_TOKEN".into(),
+        ));
+    }
+    if let (Some(ks), Some(map)) = (ks, settings.as_object_mut()) {
+        map.insert("killSwitch".into(), ks.settings(cluster)?);
+    }
+    Ok(settings)
 }
 
 /// Prefix of the per-upstream mesh resources (ServiceEntry, DestinationRule, Backend, ...).

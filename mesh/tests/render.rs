@@ -4,17 +4,15 @@
 //! fails the test.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
+mod common;
+
+use common::{check_against_crds, golden, manifest_dir, schemas};
 use halo_mesh::envoy_gateway::{self, GatewayOptions};
-use halo_mesh::istio::{self, IstioOptions};
-use halo_mesh::{Image, MeshError, to_yaml};
+use halo_mesh::istio::{self, Delivery, IstioOptions};
+use halo_mesh::{Image, KillSwitchRef, MeshError, to_yaml};
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
-
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn snapshot(fixture: &str) -> Snapshot {
     let dir = manifest_dir().join("tests/fixtures").join(fixture);
@@ -39,9 +37,21 @@ fn istio_options() -> IstioOptions {
         gateways: vec!["istio-system/halo-gateway".into()],
         hosts: vec!["halo-gateway.mesh-corp.example".into()],
         image_pull_policy: "IfNotPresent".into(),
-        image_pull_secret: Some("halo-registry".into()),
+        image_pull_secret: None,
         jwks_uri: None,
         settings: json!({}),
+        delivery: Delivery::EnvoyFilter,
+        kill_switch: Some(kill_switch()),
+    }
+}
+
+fn kill_switch() -> KillSwitchRef {
+    KillSwitchRef {
+        service: "halo-server.halos.svc.cluster.local".into(),
+        port: 8080,
+        pubkey_pem: std::fs::read_to_string(manifest_dir().join("tests/fixtures/killswitch.pub"))
+            .expect("public key fixture"),
+        interval_seconds: None,
     }
 }
 
@@ -55,25 +65,9 @@ fn gateway_options() -> GatewayOptions {
         image_pull_secret: Some("halo-registry".into()),
         jwks_uri: None,
         settings: json!({}),
+        listener: "halos/halo-gateway/https".into(),
+        kill_switch: Some(kill_switch()),
     }
-}
-
-fn golden(name: &str, text: &str) {
-    let path = manifest_dir().join("tests/golden").join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, text).expect("write golden");
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run UPDATE_GOLDEN=1 cargo test -p halo-mesh)",
-            path.display()
-        )
-    });
-    assert!(
-        committed == text,
-        "{} is out of date: run UPDATE_GOLDEN=1 cargo test -p halo-mesh",
-        path.display()
-    );
 }
 
 #[test]
@@ -98,24 +92,81 @@ fn kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()
 }
 
+/// The Envoy Wasm filter config inside the rendered EnvoyFilter (its EXTENSION_CONFIG).
+fn envoy_filter_wasm(docs: &[Value]) -> Value {
+    let ef = kind(docs, "EnvoyFilter")[0];
+    let ext = ef["spec"]["configPatches"]
+        .as_array()
+        .expect("patches")
+        .iter()
+        .find(|p| p["applyTo"] == "EXTENSION_CONFIG")
+        .expect("EXTENSION_CONFIG patch");
+    ext["patch"]["value"]["typed_config"]["config"].clone()
+}
+
 #[test]
-fn the_plugin_carries_a_configuration_the_filter_accepts_and_runs_after_istio_authn() {
+fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filter_accepts() {
     let snap = snapshot("mesh-corp");
     let docs = istio::render(&snap, &istio_options()).expect("render");
-    let plugin = kind(&docs, "WasmPlugin")[0];
-    assert_eq!(plugin["spec"]["phase"], "AUTHZ", "after Istio's jwt_authn");
-    assert_eq!(plugin["spec"]["failStrategy"], "FAIL_CLOSE");
-    assert_eq!(plugin["spec"]["sha256"], image().sha256);
-    assert!(
-        plugin["spec"]["url"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("oci://")
+    assert!(kind(&docs, "WasmPlugin").is_empty(), "EnvoyFilter delivery");
+    let ef = kind(&docs, "EnvoyFilter")[0];
+    assert_eq!(
+        ef["spec"]["workloadSelector"]["labels"]["istio"],
+        "ingressgateway"
     );
-    let cfg = &plugin["spec"]["pluginConfig"];
+    let insert = &ef["spec"]["configPatches"][1];
+    assert_eq!(insert["applyTo"], "HTTP_FILTER");
+    assert_eq!(insert["match"]["context"], "GATEWAY");
+    assert_eq!(
+        insert["patch"]["filterClass"], "AUTHZ",
+        "after Istio's jwt_authn"
+    );
+    let wasm = envoy_filter_wasm(&docs);
+    assert_eq!(
+        insert["patch"]["value"]["name"], ef["spec"]["configPatches"][0]["patch"]["value"]["name"],
+        "the filter chain entry names the extension config"
+    );
+    // The knob the filter needs, set exactly as the standalone bootstrap sets it.
+    let standalone = halo_envoy_config::bootstrap::wasm_filter("x.wasm", &snap, &json!({}));
+    assert_eq!(
+        wasm["allow_on_headers_stop_iteration"],
+        standalone["typed_config"]["config"]["allow_on_headers_stop_iteration"]
+    );
+    assert_eq!(wasm["allow_on_headers_stop_iteration"], true);
+    assert_eq!(wasm["fail_open"], false);
+    let remote = &wasm["vm_config"]["code"]["remote"];
+    assert_eq!(remote["sha256"], image().sha256);
+    assert_eq!(remote["http_uri"]["uri"], image().oci_url());
+    let cfg: Value = serde_json::from_str(
+        wasm["configuration"]["value"]
+            .as_str()
+            .expect("string config"),
+    )
+    .expect("JSON config");
     assert_eq!(cfg["settings"]["identity"]["jwtMetadataKey"], "payload");
     let back = Snapshot::from_bytes(cfg["snapshot"].to_string().as_bytes()).expect("snapshot");
-    assert_eq!(back, snap, "the snapshot round-trips through pluginConfig");
+    assert_eq!(
+        back, snap,
+        "the snapshot round-trips through the configuration"
+    );
+    // The kill list: polled through Istio's outbound cluster for halo-server, the token by
+    // environment variable only.
+    let ks = &cfg["settings"]["killSwitch"];
+    assert_eq!(
+        ks["cluster"],
+        "outbound|8080||halo-server.halos.svc.cluster.local"
+    );
+    assert_eq!(
+        ks["url"],
+        "http://halo-server.halos.svc.cluster.local:8080/api/v1/gateway/killswitch"
+    );
+    assert_eq!(ks["tokenEnv"], "HALO_GATEWAY_TOKEN");
+    assert!(ks.get("token").is_none(), "no token in a manifest");
+    assert_eq!(
+        wasm["vm_config"]["environment_variables"]["host_env_keys"],
+        json!(["HALO_GATEWAY_TOKEN"])
+    );
+
     // One DestinationRule per routed upstream, breaker 5 x 5xx / 30 s; TLS only for https.
     let rules = kind(&docs, "DestinationRule");
     assert_eq!(rules.len(), 3);
@@ -145,12 +196,71 @@ fn the_plugin_carries_a_configuration_the_filter_accepts_and_runs_after_istio_au
 
     let docs = envoy_gateway::render(&snap, &gateway_options()).expect("render");
     let policy = kind(&docs, "EnvoyExtensionPolicy")[0];
+    let wasm = &policy["spec"]["wasm"][0];
     assert_eq!(
-        policy["spec"]["wasm"][0]["config"]["settings"]["identity"]["jwtMetadataKey"],
+        wasm["config"]["settings"]["identity"]["jwtMetadataKey"],
         "https://idp.mesh-corp.example/oauth2/default"
     );
+    assert_eq!(
+        wasm["config"]["settings"]["killSwitch"]["cluster"],
+        "halo-killswitch"
+    );
+    assert_eq!(wasm["env"]["hostKeys"], json!(["HALO_GATEWAY_TOKEN"]));
     assert_eq!(kind(&docs, "BackendTLSPolicy").len(), 2);
     assert_eq!(kind(&docs, "Backend").len(), 3);
+    // The EnvoyPatchPolicy sets the knob on the filter Envoy Gateway names after the
+    // policy, and adds the cluster the kill-list poll names.
+    let patch = kind(&docs, "EnvoyPatchPolicy")[0];
+    let ops = patch["spec"]["jsonPatches"].as_array().expect("patches");
+    assert_eq!(ops[0]["name"], "halos/halo-gateway/https");
+    assert_eq!(
+        ops[0]["operation"]["jsonPath"],
+        "..http_filters[?(@.name=='envoy.filters.http.wasm/envoyextensionpolicy/halos/halo/wasm/0')]"
+    );
+    assert_eq!(
+        ops[0]["operation"]["path"],
+        "/typed_config/config/allow_on_headers_stop_iteration"
+    );
+    assert_eq!(ops[1]["operation"]["value"]["name"], "halo-killswitch");
+    assert_eq!(
+        ops[1]["operation"]["value"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+            ["address"]["socket_address"]["address"],
+        "halo-server.halos.svc.cluster.local"
+    );
+}
+
+#[test]
+fn the_wasm_plugin_delivery_is_still_rendered_but_warned_about_and_secrets_stay_out() {
+    let snap = snapshot("mesh-corp");
+    let mut opts = istio_options();
+    opts.delivery = Delivery::WasmPlugin;
+    opts.image_pull_secret = Some("halo-registry".into());
+    let docs = istio::render(&snap, &opts).expect("render");
+    let plugin = kind(&docs, "WasmPlugin")[0];
+    assert_eq!(plugin["spec"]["phase"], "AUTHZ", "after Istio's jwt_authn");
+    assert_eq!(plugin["spec"]["failStrategy"], "FAIL_CLOSE");
+    assert_eq!(plugin["spec"]["imagePullSecret"], "halo-registry");
+    assert_eq!(
+        plugin["spec"]["vmConfig"]["env"],
+        json!([{"name": "HALO_GATEWAY_TOKEN", "valueFrom": "HOST"}])
+    );
+    assert!(istio::WASM_PLUGIN_WARNING.contains("allow_on_headers_stop_iteration"));
+    check_against_crds(&docs, &schemas());
+
+    // The EnvoyFilter delivery cannot reference a pull Secret: refused, not inlined.
+    let mut opts = istio_options();
+    opts.image_pull_secret = Some("halo-registry".into());
+    let err = istio::render(&snap, &opts).expect_err("pull secret with EnvoyFilter");
+    assert!(err.to_string().contains("--delivery wasm-plugin"), "{err}");
+
+    // A token given inline in the settings is refused by both renderers.
+    let mut opts = istio_options();
+    opts.settings = json!({"killSwitch": {"token": "s3cret"}});
+    let err = istio::render(&snap, &opts).expect_err("inline token");
+    assert!(err.to_string().contains("never rendered"), "{err}");
+    let mut opts = gateway_options();
+    opts.settings = json!({"killSwitch": {"token": "s3cret"}});
+    assert!(envoy_gateway::render(&snap, &opts).is_err());
 }
 
 #[test]
@@ -165,10 +275,10 @@ fn failover_routes_are_refused_naming_the_alias() {
             "{err}"
         );
         let text = err.to_string();
-        assert!(
-            text.contains("\"gpt\"") && text.contains("failover"),
-            "{text}"
-        );
+        // Names the alias, why (the per-target model id), and what to do instead.
+        for needle in ["\"gpt\"", "model id", "halo xDS server", "--xds-listen"] {
+            assert!(text.contains(needle), "{needle} missing: {text}");
+        }
     }
 }
 
@@ -176,140 +286,6 @@ fn failover_routes_are_refused_naming_the_alias() {
 fn a_tag_only_image_is_refused() {
     let err = Image::parse("oci://registry.example.com/halos/halo-filter:latest").expect_err("tag");
     assert!(err.to_string().contains("not pinned"), "{err}");
-}
-
-// ---- schema checks ----
-
-fn crds_dir() -> PathBuf {
-    // The workspace root's sibling shared/ (CI's layout); HALO_CRDS_DIR overrides it for
-    // a checkout elsewhere. Missing CRDs fail: the check never silently skips.
-    let dir = match std::env::var_os("HALO_CRDS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => manifest_dir().join("../../shared/crds"),
-    };
-    assert!(
-        dir.is_dir(),
-        "the upstream CRDs are missing: expected {} (shared/crds beside the workspace, or set HALO_CRDS_DIR); the schema checks cannot run without them",
-        dir.display()
-    );
-    dir
-}
-
-/// (apiVersion, kind) -> openAPIV3Schema, from every CRD file.
-fn schemas() -> BTreeMap<(String, String), Value> {
-    let dir = crds_dir();
-    let files = [
-        "istio/customresourcedefinitions.gen.yaml",
-        "envoy-gateway/gateway.envoyproxy.io_envoyextensionpolicies.yaml",
-        "envoy-gateway/gateway.envoyproxy.io_securitypolicies.yaml",
-        "envoy-gateway/gateway.envoyproxy.io_backends.yaml",
-        "envoy-gateway/gateway.envoyproxy.io_backendtrafficpolicies.yaml",
-        "gateway-api/standard-gatewayapi-crds.yaml",
-    ];
-    let mut out = BTreeMap::new();
-    for f in files {
-        let path = dir.join(f);
-        let text =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        for crd in docs {
-            if crd["kind"] != "CustomResourceDefinition" {
-                continue;
-            }
-            let group = crd["spec"]["group"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let kind = crd["spec"]["names"]["kind"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            for v in crd["spec"]["versions"].as_array().into_iter().flatten() {
-                let version = v["name"].as_str().unwrap_or_default();
-                out.insert(
-                    (format!("{group}/{version}"), kind.clone()),
-                    openapi_to_json_schema(v["schema"]["openAPIV3Schema"].clone()),
-                );
-            }
-        }
-    }
-    out
-}
-
-/// OpenAPI v3 -> JSON Schema: `nullable: true` widens the type; int-or-string fields
-/// (`x-kubernetes-int-or-string`) accept either; an object with `properties` gets
-/// `additionalProperties: false` unless it preserves unknown fields, because Kubernetes
-/// prunes unknown fields (a misspelt field would be silently dropped, not refused); other
-/// x-kubernetes-* are annotations.
-fn openapi_to_json_schema(mut v: Value) -> Value {
-    fn walk(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                if m.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
-                    m.remove("type");
-                    m.insert(
-                        "anyOf".into(),
-                        json!([{"type": "integer"}, {"type": "string"}]),
-                    );
-                }
-                if m.get("nullable") == Some(&Value::Bool(true))
-                    && let Some(Value::String(t)) = m.get("type").cloned()
-                {
-                    m.insert("type".into(), json!([t, "null"]));
-                }
-                let preserve =
-                    m.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
-                if m.contains_key("properties")
-                    && !m.contains_key("additionalProperties")
-                    && !preserve
-                {
-                    m.insert("additionalProperties".into(), Value::Bool(false));
-                }
-                m.retain(|k, _| !k.starts_with("x-kubernetes-"));
-                for (_, child) in m.iter_mut() {
-                    walk(child);
-                }
-            }
-            Value::Array(a) => a.iter_mut().for_each(walk),
-            _ => {}
-        }
-    }
-    // Istio's root schemas list only spec and status; every object has these three.
-    if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
-        props.insert("apiVersion".into(), json!({"type": "string"}));
-        props.insert("kind".into(), json!({"type": "string"}));
-        props.insert("metadata".into(), json!({"type": "object"}));
-    }
-    walk(&mut v);
-    v
-}
-
-fn check_against_crds(docs: &[Value], schemas: &BTreeMap<(String, String), Value>) {
-    assert!(!docs.is_empty());
-    for doc in docs {
-        let key = (
-            doc["apiVersion"].as_str().unwrap_or_default().to_string(),
-            doc["kind"].as_str().unwrap_or_default().to_string(),
-        );
-        let schema = schemas
-            .get(&key)
-            .unwrap_or_else(|| panic!("no CRD schema for {key:?}"));
-        let validator = jsonschema::options()
-            .should_validate_formats(false)
-            .build(schema)
-            .unwrap_or_else(|e| panic!("schema of {key:?}: {e}"));
-        let errors: Vec<String> = validator
-            .iter_errors(doc)
-            .map(|e| format!("{} at {}", e, e.instance_path()))
-            .collect();
-        assert!(
-            errors.is_empty(),
-            "{key:?} {} is refused by its CRD schema:\n{}",
-            doc["metadata"]["name"],
-            errors.join("\n")
-        );
-    }
 }
 
 #[test]
@@ -331,14 +307,14 @@ fn the_schema_check_catches_a_wrong_field() {
     let schemas = schemas();
     let mut docs = istio::render(&snapshot("mesh-corp"), &istio_options()).expect("istio");
     let good = docs[0].clone();
-    docs[0]["spec"]["phase"] = json!("AFTER_AUTHN");
+    docs[0]["spec"]["configPatches"][1]["patch"]["filterClass"] = json!("AFTER_AUTHN");
     let result = std::panic::catch_unwind(|| check_against_crds(&docs[..1], &schemas));
     assert!(
         result.is_err(),
-        "a phase outside the CRD's enum must be refused"
+        "a filter class outside the CRD's enum must be refused"
     );
     docs[0] = good;
-    docs[0]["spec"]["imagePullSecrets"] = json!("typo");
+    docs[0]["spec"]["workloadSelectors"] = json!("typo");
     let result = std::panic::catch_unwind(|| check_against_crds(&docs[..1], &schemas));
     assert!(
         result.is_err(),
