@@ -26,6 +26,15 @@ if ! command -v docker-registry >/dev/null 2>&1; then
   apt-get install -y -qq docker-registry >/dev/null
 fi
 
+# kubectl for `kubectl kustomize` of the Istio kustomize base (mesh/tests/kustomize.rs):
+# the machine image's cloud SDK repository has a current one; Debian's kubernetes-client
+# is the fallback.
+if ! command -v kubectl >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq kubectl >/dev/null 2>&1 || apt-get install -y -qq kubernetes-client >/dev/null
+fi
+
 # The filter module Envoy loads (halo-demo and the end-to-end tests read it from
 # target/wasm32-unknown-unknown/release); cargo does nothing when it is up to date.
 (cd "$(dirname "$0")/.." && cargo build --locked -q -p halo-filter --target wasm32-unknown-unknown --release)

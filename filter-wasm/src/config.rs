@@ -89,7 +89,12 @@ struct RawKillSwitch {
     url: String,
     #[serde(default)]
     authority: Option<String>,
-    token: String,
+    #[serde(default)]
+    token: Option<String>,
+    /// The name of a VM environment variable holding the token (Envoy passes it with
+    /// `vm_config.environment_variables.host_env_keys`), so a manifest never holds it.
+    #[serde(default)]
+    token_env: Option<String>,
     pubkey: String,
     #[serde(default)]
     interval_seconds: Option<u32>,
@@ -185,11 +190,16 @@ impl Plugin {
     /// Decode either configuration strictly: one with a `stage` key is the per-attempt
     /// stage's (and nothing else may be in it), any other the request filter's.
     pub fn from_bytes(bytes: &[u8]) -> Result<Plugin, ConfigError> {
+        Plugin::from_bytes_with_env(bytes, &|_| None)
+    }
+
+    /// [`Plugin::from_bytes`] with the VM environment (see [`Config::from_bytes_with_env`]).
+    pub fn from_bytes_with_env(bytes: &[u8], env: EnvLookup<'_>) -> Result<Plugin, ConfigError> {
         let staged = serde_json::from_slice::<StageProbe>(bytes)
             .map(|p| p.stage.is_some())
             .unwrap_or(false);
         if !staged {
-            return Config::from_bytes(bytes).map(|c| Plugin::Request(Box::new(c)));
+            return Config::from_bytes_with_env(bytes, env).map(|c| Plugin::Request(Box::new(c)));
         }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let raw: RawAttempt = serde_path_to_error::deserialize(de).map_err(|e| {
@@ -202,9 +212,31 @@ impl Plugin {
     }
 }
 
+/// The value of `name` in a WASI environment block (NUL-terminated `NAME=value` entries).
+pub fn env_entry(block: &[u8], name: &str) -> Option<String> {
+    block
+        .split(|b| *b == 0)
+        .filter_map(|entry| std::str::from_utf8(entry).ok())
+        .find_map(|entry| {
+            entry
+                .split_once('=')
+                .filter(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+}
+
+/// Reads the plugin VM's environment (`settings.killSwitch.tokenEnv`).
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 impl Config {
-    /// Decode the plugin configuration bytes strictly and check every setting.
+    /// Decode the plugin configuration bytes strictly and check every setting, with no
+    /// VM environment.
     pub fn from_bytes(bytes: &[u8]) -> Result<Config, ConfigError> {
+        Config::from_bytes_with_env(bytes, &|_| None)
+    }
+
+    /// [`Config::from_bytes`], reading variables named by the configuration from `env`.
+    pub fn from_bytes_with_env(bytes: &[u8], env: EnvLookup<'_>) -> Result<Config, ConfigError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -220,7 +252,10 @@ impl Config {
                 "settings.maxBodyBytes: must be at least 1".into(),
             ));
         }
-        let kill_switch = s.kill_switch.map(kill_switch_settings).transpose()?;
+        let kill_switch = s
+            .kill_switch
+            .map(|k| kill_switch_settings(k, env))
+            .transpose()?;
         if raw.kill_list.is_some() && kill_switch.is_none() {
             return Err(ConfigError(
                 "killList: a pushed kill list needs settings.killSwitch (its pubkey verifies it)"
@@ -345,7 +380,10 @@ fn identity_settings(snap: &Snapshot, raw: RawIdentity) -> Result<IdentitySettin
     })
 }
 
-fn kill_switch_settings(raw: RawKillSwitch) -> Result<KillSwitchSettings, ConfigError> {
+fn kill_switch_settings(
+    raw: RawKillSwitch,
+    env: EnvLookup<'_>,
+) -> Result<KillSwitchSettings, ConfigError> {
     let field = |f: &str, m: String| ConfigError(format!("settings.killSwitch.{f}: {m}"));
     if raw.cluster.is_empty() {
         return Err(field(
@@ -353,7 +391,25 @@ fn kill_switch_settings(raw: RawKillSwitch) -> Result<KillSwitchSettings, Config
             "must name the Envoy cluster of the kill-list server".into(),
         ));
     }
-    if raw.token.is_empty() {
+    let token = match (raw.token, raw.token_env) {
+        (Some(_), Some(_)) => {
+            return Err(field(
+                "tokenEnv",
+                "give token or tokenEnv, not both".into(),
+            ));
+        }
+        (Some(token), None) => token,
+        (None, Some(name)) => env(&name).filter(|t| !t.is_empty()).ok_or_else(|| {
+            field(
+                "tokenEnv",
+                format!(
+                    "{name} is not set in the plugin VM's environment (pass it with vm_config.environment_variables.host_env_keys)"
+                ),
+            )
+        })?,
+        (None, None) => String::new(),
+    };
+    if token.is_empty() {
         return Err(field("token", "the gateway token is required".into()));
     }
     let url = parse_url(&raw.url).map_err(|m| field("url", m))?;
@@ -375,7 +431,7 @@ fn kill_switch_settings(raw: RawKillSwitch) -> Result<KillSwitchSettings, Config
         cluster: raw.cluster,
         authority: raw.authority.unwrap_or(url.authority),
         path: url.path,
-        token: raw.token,
+        token,
         key,
         interval_secs,
     })

@@ -80,6 +80,35 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// WASI's environment calls, which Envoy provides to every wasm module: they return the
+/// variables listed in the plugin's `vm_config.environment_variables`.
+mod wasi {
+    #[link(wasm_import_module = "wasi_snapshot_preview1")]
+    unsafe extern "C" {
+        pub fn environ_sizes_get(count: *mut usize, buf_size: *mut usize) -> u16;
+        pub fn environ_get(environ: *mut *mut u8, environ_buf: *mut u8) -> u16;
+    }
+}
+
+/// A variable of the plugin VM's environment (WASI's `NAME=value` entries).
+fn vm_env(name: &str) -> Option<String> {
+    let (mut count, mut size) = (0usize, 0usize);
+    // SAFETY: environ_get writes `count` pointers and `size` bytes, the sizes the first
+    // call reported, into buffers of exactly those sizes.
+    let buf = unsafe {
+        if wasi::environ_sizes_get(&mut count, &mut size) != 0 {
+            return None;
+        }
+        let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); count];
+        let mut buf = vec![0u8; size];
+        if wasi::environ_get(pointers.as_mut_ptr(), buf.as_mut_ptr()) != 0 {
+            return None;
+        }
+        buf
+    };
+    crate::config::env_entry(&buf, name)
+}
+
 fn log(level: LogLevel, message: &str) {
     let _ = hostcalls::log(level, message);
 }
@@ -149,7 +178,7 @@ fn publish(state: &State, key: &ed25519_compact::PublicKey) {
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = self.get_plugin_configuration().unwrap_or_default();
-        let cfg = match Plugin::from_bytes(&bytes) {
+        let cfg = match Plugin::from_bytes_with_env(&bytes, &vm_env) {
             Ok(Plugin::Request(cfg)) => *cfg,
             Ok(Plugin::Attempt) => {
                 self.attempt_stage = true;

@@ -123,6 +123,35 @@ fn kill_switch_settings_derive_path_and_authority_and_tolerate_a_bad_key() {
     assert!(loopback.kill_switch.expect("set").key.is_err());
 }
 
+#[test]
+fn the_gateway_token_can_come_from_the_vm_environment_and_never_twice() {
+    let settings = |ks: Value| {
+        json!({"snapshot": snapshot(Some("https://idp")), "settings": {"killSwitch": ks}})
+            .to_string()
+    };
+    let base = json!({"cluster": "k", "url": "https://h/k", "pubkey": kill_pem(1), "tokenEnv": "HALO_GATEWAY_TOKEN"});
+    let env = |name: &str| (name == "HALO_GATEWAY_TOKEN").then(|| "from-env".to_string());
+    let cfg = Config::from_bytes_with_env(settings(base.clone()).as_bytes(), &env).expect("env");
+    assert_eq!(cfg.kill_switch.expect("set").token, "from-env");
+    let err = Config::from_bytes(settings(base.clone()).as_bytes()).expect_err("unset");
+    assert!(
+        err.to_string()
+            .contains("settings.killSwitch.tokenEnv: HALO_GATEWAY_TOKEN is not set"),
+        "{err}"
+    );
+    let mut both = base;
+    both["token"] = json!("inline");
+    let err = Config::from_bytes_with_env(settings(both).as_bytes(), &env).expect_err("both");
+    assert!(err.to_string().contains("not both"), "{err}");
+    // WASI's block: NUL-terminated NAME=value entries.
+    let block = b"A=1\0HALO_GATEWAY_TOKEN=t=x\0";
+    assert_eq!(
+        crate::config::env_entry(block, "HALO_GATEWAY_TOKEN").as_deref(),
+        Some("t=x")
+    );
+    assert_eq!(crate::config::env_entry(block, "B"), None);
+}
+
 fn head<'a>(headers: &'a [(String, String)], claims: Option<VerifiedClaims>) -> Head<'a> {
     Head {
         method: "POST",

@@ -6,13 +6,12 @@
 //! routing through the poll (and that request bodies reach the filter: the rendered
 //! allow_on_headers_stop_iteration is in force).
 //!
-//! For Istio, two substitutions stand in for the parts of a mesh that are not here:
-//! - istio-agent's rewrite of `vm_config.code.remote` (the oci:// image) to a local file:
-//!   the module is the workspace build (the image round trip is tests/wasm_image.rs);
-//! - the gateway token: the rendered config names it by environment variable
-//!   (`killSwitch.tokenEnv: HALO_GATEWAY_TOKEN`, listed in the VM's host_env_keys). Until
-//!   the filter reads `tokenEnv` from the VM environment, the harness resolves it into
-//!   `token` from that same environment variable, which is what the filter change does.
+//! For Istio, one substitution stands in for a part of a mesh that is not here:
+//! istio-agent's rewrite of `vm_config.code.remote` (the oci:// image) to a local file:
+//! the module is the workspace build (the image round trip is tests/wasm_image.rs).
+//! The gateway token is as in a mesh: the rendered config names it by environment variable
+//! (`killSwitch.tokenEnv: HALO_GATEWAY_TOKEN`, listed in the VM's host_env_keys), the
+//! test exports it to Envoy's environment, and the filter reads it from the VM's.
 
 use std::time::{Duration, Instant};
 
@@ -113,13 +112,11 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
     );
     assert_eq!(wasm["config"]["allow_on_headers_stop_iteration"], true);
 
-    // 2. The two stand-ins (see the module docs).
+    // 2. The stand-in for istio-agent (see the module docs), and the token exported.
     wasm["config"]["vm_config"]["code"] = json!({"local": {
         "filename": halo_testkit::filter_wasm().display().to_string(),
     }});
-    let mut cfg = rendered.clone();
-    resolve_token_env(&mut cfg);
-    wasm["config"]["configuration"]["value"] = json!(cfg.to_string());
+    export_gateway_token();
 
     let cluster = halo_envoy_config::bootstrap::cluster(
         &cluster_name,
@@ -269,12 +266,12 @@ async fn a_kill_reaches_the_filter_rendered_for_envoy_gateway_through_the_patche
     let policy = by_kind("EnvoyExtensionPolicy");
     let patch = by_kind("EnvoyPatchPolicy");
     let w = &policy["spec"]["wasm"][0];
-    let mut config = w["config"].clone();
+    let config = w["config"].clone();
     assert_eq!(
         config["settings"]["killSwitch"]["tokenEnv"],
         GATEWAY_TOKEN_ENV
     );
-    resolve_token_env(&mut config);
+    export_gateway_token();
     let mut plugin = json!({
         "name": w["name"],
         "root_id": w["rootID"],
@@ -306,18 +303,9 @@ async fn a_kill_reaches_the_filter_rendered_for_envoy_gateway_through_the_patche
     kill_reaches_routing(&snap, &issuer, &kill, wasm, cluster, &issuer.url).await;
 }
 
-/// The filter change's stand-in: `killSwitch.tokenEnv` resolved from the environment into
-/// `killSwitch.token`.
-fn resolve_token_env(config: &mut Value) {
+/// The gateway token in this process's environment, which Envoy inherits and passes to
+/// the plugin VM through the rendered `host_env_keys`: the filter reads `tokenEnv` itself.
+fn export_gateway_token() {
     // SAFETY: set before Envoy starts; every test sets the same value.
     unsafe { std::env::set_var(GATEWAY_TOKEN_ENV, KILL_TOKEN) };
-    let ks = config["settings"]["killSwitch"]
-        .as_object_mut()
-        .expect("killSwitch");
-    let var = ks.remove("tokenEnv").expect("tokenEnv");
-    let name = var.as_str().expect("variable name");
-    ks.insert(
-        "token".into(),
-        json!(std::env::var(name).expect("token env")),
-    );
 }
