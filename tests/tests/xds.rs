@@ -43,6 +43,29 @@ async fn start(cache: &SnapshotCache, node: &str) -> Envoy {
     tokio::task::block_in_place(|| Envoy::start(&bootstrap(node, ads_port, admin), admin))
 }
 
+/// An Envoy from ads.yaml as node `node`, served `snap` by a fresh cache (returned, for
+/// policy changes), listening on a free port.
+async fn gateway(snap: &halo_policy::Snapshot, node: &str) -> (SnapshotCache, Gateway) {
+    let port = free_port();
+    let cache = SnapshotCache::new();
+    cache.set(
+        NodeKey::Default,
+        snapshot_of(snap, &settings(port)).expect("translate"),
+    );
+    let envoy = start(&cache, node).await;
+    let gw = Gateway {
+        envoy,
+        port,
+        base: format!("http://127.0.0.1:{port}"),
+        snapshot: snap.clone(),
+        client: client_builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client"),
+    };
+    (cache, gw)
+}
+
 /// POST until the answer satisfies `done` (bounded).
 async fn poll(gw: &Gateway, token: &str, model: &str, done: impl Fn(u16, &Value) -> bool) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -75,23 +98,7 @@ async fn weighted_split_over_1000_users_is_within_3_points_and_sticky_through_xd
     let issuer = Issuer::start().await;
     let p = Providers::start().await;
     let snap = test_snapshot(&issuer.url, &p);
-    let port = free_port();
-    let cache = SnapshotCache::new();
-    cache.set(
-        NodeKey::Default,
-        snapshot_of(&snap, &settings(port)).expect("translate"),
-    );
-    let envoy = start(&cache, "gw-split").await;
-    let gw = Gateway {
-        envoy,
-        port,
-        base: format!("http://127.0.0.1:{port}"),
-        snapshot: snap.clone(),
-        client: client_builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client"),
-    };
+    let (_cache, gw) = gateway(&snap, "gw-split").await;
     let first = bearer(&issuer.token("user0@acme.test", &[]));
     poll(&gw, &first, "weighted", |s, _| s == 200).await;
 
@@ -137,23 +144,7 @@ async fn envoy_from_ads_yaml_alone_serves_jwt_calls_through_the_filter() {
     let issuer = Issuer::start().await;
     let p = Providers::start().await;
     let snap = test_snapshot(&issuer.url, &p);
-    let port = free_port();
-    let cache = SnapshotCache::new();
-    cache.set(
-        NodeKey::Default,
-        snapshot_of(&snap, &settings(port)).expect("translate"),
-    );
-    let envoy = start(&cache, "gw-e2e").await;
-    let gw = Gateway {
-        envoy,
-        port,
-        base: format!("http://127.0.0.1:{port}"),
-        snapshot: snap.clone(),
-        client: client_builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client"),
-    };
+    let (cache, gw) = gateway(&snap, "gw-e2e").await;
     let token = bearer(&issuer.token("dave@acme.test", &[]));
 
     // The filter rewrote the alias to the target's model and routed to its aggregate.
@@ -182,7 +173,7 @@ async fn envoy_from_ads_yaml_alone_serves_jwt_calls_through_the_filter() {
     }
     cache.set(
         NodeKey::Default,
-        snapshot_of(&changed, &settings(port)).expect("translate"),
+        snapshot_of(&changed, &settings(gw.port)).expect("translate"),
     );
     // Clusters (CDS) and the filter's configuration (ECDS) are separate resources; the
     // per-attempt stage takes the model id from the endpoint (CDS), so the new upstream
@@ -204,23 +195,7 @@ async fn a_failover_through_xds_carries_the_next_targets_model_id() {
     if let Some(up) = snap.upstreams.get_mut("prov-a") {
         up.url = format!("http://127.0.0.1:{}", free_port());
     }
-    let port = free_port();
-    let cache = SnapshotCache::new();
-    cache.set(
-        NodeKey::Default,
-        snapshot_of(&snap, &settings(port)).expect("translate"),
-    );
-    let envoy = start(&cache, "gw-failover").await;
-    let gw = Gateway {
-        envoy,
-        port,
-        base: format!("http://127.0.0.1:{port}"),
-        snapshot: snap.clone(),
-        client: client_builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client"),
-    };
+    let (_cache, gw) = gateway(&snap, "gw-failover").await;
     let first = bearer(&issuer.token("user-0@acme.test", &[]));
     poll(&gw, &first, "weighted", |s, _| s == 200).await;
     for i in 0..12 {
