@@ -10,8 +10,7 @@ use std::time::SystemTime;
 
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-    sign,
+    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, sign,
 };
 use aws_sigv4::sign::v4;
 use axum::body::Bytes;
@@ -208,13 +207,9 @@ pub fn verify(
         .map_err(|e| format!("signing params: {e}"))?
         .into();
     let uri = format!("http://{host}{path_and_query}");
-    let signable = SignableRequest::new(
-        method,
-        &uri,
-        to_sign.into_iter(),
-        SignableBody::Bytes(body),
-    )
-    .map_err(|e| format!("signable request: {e}"))?;
+    let signable =
+        SignableRequest::new(method, &uri, to_sign.into_iter(), SignableBody::Bytes(body))
+            .map_err(|e| format!("signable request: {e}"))?;
     let (instructions, _) = sign(signable, &params)
         .map_err(|e| format!("sign: {e}"))?
         .into_parts();
@@ -239,8 +234,8 @@ pub fn verify(
 
 fn parse_amz_date(s: &str) -> Result<SystemTime, String> {
     let format = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
-    let dt = time::PrimitiveDateTime::parse(s, &format)
-        .map_err(|e| format!("x-amz-date {s:?}: {e}"))?;
+    let dt =
+        time::PrimitiveDateTime::parse(s, &format).map_err(|e| format!("x-amz-date {s:?}: {e}"))?;
     let secs = u64::try_from(dt.assume_utc().unix_timestamp())
         .map_err(|_| format!("x-amz-date {s:?} is before 1970"))?;
     Ok(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs))
