@@ -243,13 +243,14 @@ fn sse_for_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), DecodeError> {
                 .unwrap_or("unknown");
             let message = serde_json::from_slice::<serde_json::Value>(&frame.payload)
                 .ok()
-                .and_then(|v| v.get("message").and_then(|m| m.as_str().map(str::to_string)))
+                .and_then(|v| {
+                    v.get("message")
+                        .and_then(|m| m.as_str().map(str::to_string))
+                })
                 .unwrap_or_else(|| "the upstream stream failed".to_string());
             let error_type = match kind {
                 "throttlingException" | "ThrottlingException" => "rate_limit_error",
-                "serviceUnavailableException" | "ServiceUnavailableException" => {
-                    "overloaded_error"
-                }
+                "serviceUnavailableException" | "ServiceUnavailableException" => "overloaded_error",
                 "validationException" | "ValidationException" => "invalid_request_error",
                 _ => "api_error",
             };
@@ -266,8 +267,8 @@ fn sse_for_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), DecodeError> {
     if frame.header(":event-type") != Some("chunk") {
         return Ok(());
     }
-    let chunk: Chunk = serde_json::from_slice(&frame.payload)
-        .map_err(|e| DecodeError::Payload(e.to_string()))?;
+    let chunk: Chunk =
+        serde_json::from_slice(&frame.payload).map_err(|e| DecodeError::Payload(e.to_string()))?;
     let json = base64::engine::general_purpose::STANDARD
         .decode(chunk.bytes.as_bytes())
         .map_err(|e| DecodeError::Payload(e.to_string()))?;

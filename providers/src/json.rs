@@ -108,4 +108,3 @@ impl<'de> Visitor<'de> for EntriesVisitor {
         Ok(entries)
     }
 }
-

@@ -133,7 +133,9 @@ pub fn translate(inb: &Inbound<'_>, upstream: &Upstream, model: &str) -> Result<
         return Err(Skip::CountTokensUnsupported { kind });
     }
     let mut out = match (kind, call.wire) {
-        (UpstreamKind::Bedrock, WireProtocol::AnthropicMessages) => bedrock_from_messages(inb, model)?,
+        (UpstreamKind::Bedrock, WireProtocol::AnthropicMessages) => {
+            bedrock_from_messages(inb, model)?
+        }
         (UpstreamKind::Vertex, _) => vertex_from_messages(inb, upstream, model)?,
         (UpstreamKind::AzureOpenai, _) => azure(inb, upstream, model)?,
         // bedrock on the bedrock wire, gemini on the gemini wire, and the pass-through
@@ -323,7 +325,8 @@ fn bedrock_from_messages(inb: &Inbound<'_>, model: &str) -> Result<Outbound, Ski
         format!("/model/{}/{op}", encode_path_segment(model)),
         body.to_bytes(),
     );
-    out.set_headers.push(("content-type", "application/json".into()));
+    out.set_headers
+        .push(("content-type", "application/json".into()));
     out.set_headers.push((
         "accept",
         if stream {
@@ -333,7 +336,8 @@ fn bedrock_from_messages(inb: &Inbound<'_>, model: &str) -> Result<Outbound, Ski
         }
         .into(),
     ));
-    out.remove_headers.extend(["anthropic-version", "anthropic-beta"]);
+    out.remove_headers
+        .extend(["anthropic-version", "anthropic-beta"]);
     if stream {
         out.response = ResponseConversion::BedrockEventStreamToSse;
     }
@@ -387,7 +391,8 @@ fn vertex_from_messages(
         body.to_bytes(),
     );
     out.authority = Some(vertex_host(region));
-    out.set_headers.push(("content-type", "application/json".into()));
+    out.set_headers
+        .push(("content-type", "application/json".into()));
     // anthropic-beta stays a header: Vertex reads it there.
     out.remove_headers.push("anthropic-version");
     Ok(out)
@@ -405,6 +410,7 @@ fn azure(inb: &Inbound<'_>, upstream: &Upstream, model: &str) -> Result<Outbound
     };
     // The deployment is the model.
     let mut out = outbound(path, splice_model(inb.body, start, end, model));
-    out.set_headers.push(("content-type", "application/json".into()));
+    out.set_headers
+        .push(("content-type", "application/json".into()));
     Ok(out)
 }
