@@ -9,6 +9,10 @@
 //!   signed with halo-policy's `killswitch::sign`.
 //! - [`Gateway`]: a real Envoy from the standalone bootstrap (halo-envoy-config) with the
 //!   built filter module.
+//! - [`bedrock::FakeBedrock`]: a Bedrock runtime that recomputes every SigV4 signature with
+//!   `aws-sigv4` and refuses mismatches.
+
+pub mod bedrock;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
