@@ -74,9 +74,10 @@ pub enum SecretSource {
 }
 
 /// What one target's attempts get after the per-attempt stage.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum TargetCredential {
     /// Nothing of the gateway's own (pass-through kinds, or no credential configured).
+    #[default]
     None,
     /// SigV4 by Envoy's signer with the AWS default chain; unsigned attempts refused.
     SigV4 { region: String },
