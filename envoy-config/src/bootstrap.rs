@@ -164,9 +164,19 @@ pub fn target_metadata(
     upstream_name: &str,
     upstream: Option<&halo_policy::types::Upstream>,
     model: &str,
+    host: &str,
 ) -> Vec<(&'static str, String)> {
     let mut md = vec![
-        ("kind", upstream.map(|u| u.kind.as_str()).unwrap_or_default().to_string()),
+        // What auto_host_rewrite writes after the upstream filters: the stage sets it
+        // first, so a SigV4 signature covers the host the provider receives.
+        ("host", host.to_string()),
+        (
+            "kind",
+            upstream
+                .map(|u| u.kind.as_str())
+                .unwrap_or_default()
+                .to_string(),
+        ),
         ("model", model.to_string()),
         ("target", cluster.to_string()),
         ("upstream", upstream_name.to_string()),
@@ -258,6 +268,7 @@ pub fn model_clusters(
                     &t.upstream,
                     snap.upstreams.get(&t.upstream),
                     &t.model,
+                    &ep.host,
                 )
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), Value::String(v)))
@@ -594,9 +605,14 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
 
 /// Warnings about the policy's credentials the standalone bootstrap does not use.
 pub fn credential_warnings(snap: &Snapshot, settings: &Value) -> Vec<String> {
-    model_clusters(snap, &Failover::default(), None, &Hosts::from_settings(settings))
-        .map(|m| m.warnings)
-        .unwrap_or_default()
+    model_clusters(
+        snap,
+        &Failover::default(),
+        None,
+        &Hosts::from_settings(settings),
+    )
+    .map(|m| m.warnings)
+    .unwrap_or_default()
 }
 
 /// The standalone bootstrap as the YAML file `halo envoy bootstrap` writes: a header

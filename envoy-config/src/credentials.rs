@@ -277,7 +277,11 @@ pub enum SecretDelivery {
 }
 
 /// The filters one target's attempts get after the stage.
-pub fn target_filters(cluster: &str, cred: &TargetCredential, delivery: SecretDelivery) -> Vec<Value> {
+pub fn target_filters(
+    cluster: &str,
+    cred: &TargetCredential,
+    delivery: SecretDelivery,
+) -> Vec<Value> {
     match cred {
         TargetCredential::None => Vec::new(),
         TargetCredential::SigV4 { region } => vec![
@@ -405,32 +409,63 @@ mod tests {
         };
         let c = |u: &Upstream| target_credential("b", u, &hosts).0;
         assert_eq!(
-            c(&up("https://bedrock-runtime.eu-west-1.amazonaws.com", UpstreamKind::Bedrock, None)),
-            TargetCredential::SigV4 { region: "eu-west-1".into() }
+            c(&up(
+                "https://bedrock-runtime.eu-west-1.amazonaws.com",
+                UpstreamKind::Bedrock,
+                None
+            )),
+            TargetCredential::SigV4 {
+                region: "eu-west-1".into()
+            }
         );
         assert_eq!(
-            c(&up("https://bedrock.corp.example", UpstreamKind::Bedrock, Some("eu-west-1"))),
-            TargetCredential::SigV4 { region: "eu-west-1".into() }
+            c(&up(
+                "https://bedrock.corp.example",
+                UpstreamKind::Bedrock,
+                Some("eu-west-1")
+            )),
+            TargetCredential::SigV4 {
+                region: "eu-west-1".into()
+            }
         );
         assert_eq!(
             c(&up("http://proxy.local", UpstreamKind::Bedrock, None)),
             TargetCredential::None
         );
         assert_eq!(
-            c(&up("http://proxy.local", UpstreamKind::Bedrock, Some("us-east-1"))),
-            TargetCredential::RefuseSigning { host: "proxy.local".into() }
+            c(&up(
+                "http://proxy.local",
+                UpstreamKind::Bedrock,
+                Some("us-east-1")
+            )),
+            TargetCredential::RefuseSigning {
+                host: "proxy.local".into()
+            }
         );
     }
 
     #[test]
     fn keys_go_only_to_the_providers_own_https_host_or_listed_hosts() {
-        let mut u = up("https://x.openai.azure.com", UpstreamKind::AzureOpenai, None);
+        let mut u = up(
+            "https://x.openai.azure.com",
+            UpstreamKind::AzureOpenai,
+            None,
+        );
         u.credential = Some(halo_policy::types::Credential {
             env: Some("AZURE_KEY".into()),
             file: None,
         });
         let (c, w) = target_credential("az", &u, &Hosts::default());
-        assert!(matches!(c, TargetCredential::Key { header: "api-key", .. }), "{c:?}");
+        assert!(
+            matches!(
+                c,
+                TargetCredential::Key {
+                    header: "api-key",
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
         assert_eq!(w, None);
         u.url = "http://x.openai.azure.com".into();
         let (c, w) = target_credential("az", &u, &Hosts::default());
@@ -447,8 +482,14 @@ mod tests {
     #[test]
     fn no_secret_value_is_ever_rendered() {
         let s = secret("n", &SecretSource::File("/run/keys/k".into()));
-        assert_eq!(s["generic_secret"]["secret"], json!({"filename": "/run/keys/k"}));
+        assert_eq!(
+            s["generic_secret"]["secret"],
+            json!({"filename": "/run/keys/k"})
+        );
         let s = secret("n", &SecretSource::Env("K".into()));
-        assert_eq!(s["generic_secret"]["secret"], json!({"environment_variable": "K"}));
+        assert_eq!(
+            s["generic_secret"]["secret"],
+            json!({"environment_variable": "K"})
+        );
     }
 }

@@ -41,7 +41,12 @@ pub const ATTEMPT_PROPERTY: &str = "halo_attempt";
 
 /// Headers some translation changes or removes: every attempt starts from the client's
 /// values (or their absence).
-pub const RESTORED_HEADERS: [&str; 4] = ["anthropic-version", "anthropic-beta", "content-type", "accept"];
+pub const RESTORED_HEADERS: [&str; 4] = [
+    "anthropic-version",
+    "anthropic-beta",
+    "content-type",
+    "accept",
+];
 
 /// Client headers carrying a credential: never sent to a credentialed kind, whatever
 /// forwardAuth says (the gateway's own credential is added after this stage).
@@ -133,6 +138,8 @@ impl Note {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Endpoint {
     pub model: Option<String>,
+    /// The host auto_host_rewrite gives the request after the upstream filters.
+    pub host: Option<String>,
     pub kind: Option<String>,
     pub region: Option<String>,
     pub project: Option<String>,
@@ -141,7 +148,8 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The metadata keys, in the order [`Endpoint::from_values`] takes them.
-    pub const KEYS: [&'static str; 5] = ["model", "kind", "region", "project", "apiVersion"];
+    pub const KEYS: [&'static str; 6] =
+        ["model", "kind", "region", "project", "apiVersion", "host"];
 
     pub fn from_values(mut get: impl FnMut(&str) -> Option<String>) -> Endpoint {
         let mut v = Self::KEYS.map(|k| get(k).filter(|s| !s.is_empty()));
@@ -151,6 +159,7 @@ impl Endpoint {
             region: v[2].take(),
             project: v[3].take(),
             api_version: v[4].take(),
+            host: v[5].take(),
         }
     }
 
@@ -180,7 +189,10 @@ pub enum Work {
         model: String,
     },
     /// Translate the whole body for this upstream and model, once the body is in.
-    Translate { upstream: Box<Upstream>, model: String },
+    Translate {
+        upstream: Box<Upstream>,
+        model: String,
+    },
     /// This target cannot serve the request.
     Skip(Skip),
 }
@@ -192,6 +204,9 @@ pub struct Plan {
     pub restore: Vec<(&'static str, Option<String>)>,
     /// `:path` for this attempt (set when it differs from the current one).
     pub path: String,
+    /// `:authority` for this attempt, set before the credential filters sign it (Envoy's
+    /// auto_host_rewrite writes the same value only after the upstream filters).
+    pub authority: Option<String>,
     /// Headers to remove, and every header starting with one of `remove_prefixes`.
     pub remove: Vec<&'static str>,
     pub remove_prefixes: Vec<&'static str>,
@@ -218,6 +233,7 @@ pub fn plan(note: &Note, endpoint: &Endpoint) -> Plan {
     let mut out = Plan {
         restore,
         path: note.path.clone(),
+        authority: endpoint.host.clone(),
         remove: Vec::new(),
         remove_prefixes: Vec::new(),
         work: Work::None,
@@ -378,7 +394,10 @@ mod tests {
         assert_eq!(p.path, "/v1/messages");
         assert_eq!(p.work, Work::None);
         assert!(p.remove.is_empty(), "anthropic keeps forwarded auth");
-        assert!(p.restore.contains(&("anthropic-beta", Some("b1,b2".into()))));
+        assert!(
+            p.restore
+                .contains(&("anthropic-beta", Some("b1,b2".into())))
+        );
         assert!(p.restore.contains(&("content-type", None)));
     }
 

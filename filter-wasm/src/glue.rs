@@ -12,14 +12,14 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
 
 use crate::attempt::{self, ATTEMPT_PROPERTY, Endpoint, Note, Work};
-use halo_providers::ResponseConversion;
-use halo_providers::eventstream::EventStreamToSse;
 use crate::cidr;
 use crate::config::{Config, IdentityMode, Plugin};
 use crate::hygiene;
 use crate::killstate::{FetchOutcome, KillState};
 use crate::metrics;
 use crate::pipeline::{self, Forward, Head, Pending, Reply, VerifiedClaims};
+use halo_providers::ResponseConversion;
+use halo_providers::eventstream::EventStreamToSse;
 
 /// Shared-data keys (one VM id is shared by every worker's copy of the plugin).
 const SHARED_ENVELOPE: &str = "halo.killswitch.envelope";
@@ -552,6 +552,9 @@ impl HttpContext for Attempt {
                 self.counted();
             }
         }
+        if let Some(authority) = &plan.authority {
+            self.set_http_request_header(":authority", Some(authority));
+        }
         self.remove_headers(&plan.remove, &plan.remove_prefixes);
         self.note = Some(note);
         self.work = plan.work;
@@ -663,7 +666,8 @@ impl HttpContext for Attempt {
 
 /// An Anthropic SSE `error` event.
 fn sse_error(message: &str) -> Vec<u8> {
-    let data = serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}});
+    let data =
+        serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}});
     format!("event: error\ndata: {data}\n\n").into_bytes()
 }
 

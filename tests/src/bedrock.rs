@@ -124,6 +124,9 @@ async fn handler(
         )
             .into_response();
     }
+    if uri.path().ends_with("/invoke-with-response-stream") {
+        return stream_answer();
+    }
     (
         [("content-type", "application/json")],
         json!({
@@ -133,6 +136,43 @@ async fn handler(
             "usage": {"input_tokens": 3, "output_tokens": 3}
         })
         .to_string(),
+    )
+        .into_response()
+}
+
+/// The Anthropic events of [`stream_answer`], in order.
+pub const STREAM_EVENTS: [&str; 6] = [
+    r#"{"type":"message_start","message":{"id":"msg_bedrock_s","type":"message","role":"assistant","content":[],"usage":{"input_tokens":3,"output_tokens":0}}}"#,
+    r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+    r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"signed and "}}"#,
+    r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"streamed"}}"#,
+    r#"{"type":"content_block_stop","index":0}"#,
+    r#"{"type":"message_stop"}"#,
+];
+
+/// An `invoke-with-response-stream` answer: one AWS event stream `chunk` frame per event,
+/// each sent as its own body chunk, the last frame split across two chunks.
+fn stream_answer() -> Response {
+    let mut pieces: Vec<Vec<u8>> = STREAM_EVENTS
+        .iter()
+        .map(|e| halo_providers::eventstream::chunk_frame(e))
+        .collect();
+    if let Some(last) = pieces.pop() {
+        let (a, b) = last.split_at(last.len() / 2);
+        pieces.push(a.to_vec());
+        pieces.push(b.to_vec());
+    }
+    let stream = futures_util::stream::iter(
+        pieces
+            .into_iter()
+            .map(|p| Ok::<_, std::convert::Infallible>(Bytes::from(p))),
+    );
+    (
+        [(
+            "content-type",
+            halo_providers::eventstream::EVENTSTREAM_CONTENT_TYPE,
+        )],
+        axum::body::Body::from_stream(stream),
     )
         .into_response()
 }

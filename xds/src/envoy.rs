@@ -28,11 +28,11 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    GenericSecret, Secret, secret,
-};
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    GenericSecret, Secret, secret,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,

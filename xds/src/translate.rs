@@ -21,10 +21,10 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use halo_envoy_config::credentials::{self, Hosts, TargetCredential};
 use halo_policy::cluster_names::{
     aggregate_cluster, failover_orders, scoped_routes, target_cluster,
 };
-use halo_envoy_config::credentials::{self, Hosts, TargetCredential};
 use halo_policy::{Snapshot, Target};
 use serde::{Deserialize, Serialize};
 
@@ -406,6 +406,7 @@ fn plan_target(
         &target.upstream,
         Some(upstream),
         &target.model,
+        &host,
     )
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -438,7 +439,9 @@ fn summary(c: &TargetCredential) -> String {
     match c {
         TargetCredential::None => String::new(),
         TargetCredential::SigV4 { region } => format!("sigv4 {region}"),
-        TargetCredential::RefuseSigning { host } => format!("refused: {host} may not be signed for"),
+        TargetCredential::RefuseSigning { host } => {
+            format!("refused: {host} may not be signed for")
+        }
         TargetCredential::Key { header, secret, .. } => format!("{header} from secret {secret}"),
     }
 }
