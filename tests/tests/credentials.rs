@@ -482,3 +482,40 @@ async fn missing_aws_credentials_is_502_and_nothing_is_sent_unsigned() {
     assert_eq!(body["error"]["type"], "upstream_auth_error");
     assert_eq!(bedrock.count(), 0, "an unsigned request reached Bedrock");
 }
+
+#[test]
+fn the_fakes_signer_reproduces_the_aws_sigv4_test_suite_vector() {
+    // aws-signing-test-suite v4/post-vanilla (shipped with aws-sigv4): the signer the fake
+    // Bedrock verifies with must compute AWS's own expected signature.
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+    let identity = aws_credential_types::Credentials::new(
+        "AKIDEXAMPLE",
+        "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+        None,
+        None,
+        "suite",
+    )
+    .into();
+    let time = std::time::UNIX_EPOCH + Duration::from_secs(1_440_938_160); // 2015-08-30T12:36:00Z
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("service")
+        .time(time)
+        .settings(SigningSettings::default())
+        .build()
+        .expect("params")
+        .into();
+    let signable = SignableRequest::new(
+        "POST",
+        "https://example.amazonaws.com/",
+        [("host", "example.amazonaws.com")].into_iter(),
+        SignableBody::Bytes(b""),
+    )
+    .expect("signable");
+    let (_, signature) = sign(signable, &params).expect("sign").into_parts();
+    assert_eq!(
+        signature,
+        "5da7c1a2acd57cee7505fc6676e4e544621c30862966e37dddb68e92efbe5d6b"
+    );
+}
