@@ -58,6 +58,15 @@ struct Fixture {
 }
 
 async fn fixture(aws_credentials: bool) -> Fixture {
+    // The fakes listen on loopback: let them receive the gateway's credentials.
+    fixture_with(
+        aws_credentials,
+        json!({"signHosts": ["127.0.0.1"], "upstreamHosts": ["127.0.0.1"]}),
+    )
+    .await
+}
+
+async fn fixture_with(aws_credentials: bool, settings: Value) -> Fixture {
     let issuer = Issuer::start().await;
     let bedrock = FakeBedrock::start(REGION, StatusCode::OK).await;
     let bedrock_down = FakeBedrock::start(REGION, StatusCode::SERVICE_UNAVAILABLE).await;
@@ -94,8 +103,7 @@ async fn fixture(aws_credentials: bool) -> Fixture {
     let gw = Gateway::start(
         snapshot,
         GatewayOptions {
-            // The fakes listen on loopback: let them receive the gateway's credentials.
-            settings: json!({"signHosts": ["127.0.0.1"], "upstreamHosts": ["127.0.0.1"]}),
+            settings,
             env: env(&home.path().display().to_string(), aws_credentials),
             ..GatewayOptions::default()
         },
@@ -260,4 +268,26 @@ async fn missing_aws_credentials_is_502_upstream_auth_error_and_nothing_is_sent(
     assert_eq!(a.status, 502, "{}", a.text());
     assert_eq!(a.json()["error"]["type"], "upstream_auth_error");
     assert_eq!(f.bedrock.count(), 0, "an unsigned request reached Bedrock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bedrock_upstream_on_a_non_aws_host_with_a_region_is_502_and_never_signed() {
+    // No signHosts: 127.0.0.1 is not an AWS host, and the policy gives a region.
+    let f = fixture_with(true, json!({})).await;
+    let a =
+        f.gw.post("/v1/messages", &f.headers(), &messages("claude", false))
+            .await;
+    assert_eq!(a.status, 502, "{}", a.text());
+    assert_eq!(a.json()["error"]["type"], "bad_upstream");
+    assert_eq!(
+        f.bedrock.count(),
+        0,
+        "a signature left Envoy for a non-AWS host"
+    );
+    assert!(
+        f.gw.envoy
+            .logs()
+            .contains("bedrock host 127.0.0.1 is neither an AWS host nor in signHosts"),
+        "the error log names the host"
+    );
 }
