@@ -28,9 +28,15 @@ fn settings(port: u16) -> GatewaySettings {
         listen_address: "127.0.0.1".into(),
         listen_port: port,
         wasm_path: halo_testkit::filter_wasm().display().to_string(),
+        // The fake providers listen on loopback: let them receive the gateway's keys.
+        upstream_hosts: vec!["127.0.0.1".into()],
         ..GatewaySettings::default()
     }
 }
+
+/// The variable holding prov-b's key in Envoy's environment (see the credential test).
+const PROV_B_KEY_ENV: &str = "HALO_TEST_PROV_B_KEY";
+const PROV_B_KEY: &str = "sk-prov-b-gateway-own";
 
 /// Start the ADS server on a free port serving `cache`, and an Envoy from ads.yaml.
 async fn start(cache: &SnapshotCache, node: &str) -> Envoy {
@@ -40,7 +46,13 @@ async fn start(cache: &SnapshotCache, node: &str) -> Envoy {
     let ads_port = listener.local_addr().expect("addr").port();
     tokio::spawn(halo_xds::serve(listener, cache.clone()));
     let admin = free_port();
-    tokio::task::block_in_place(|| Envoy::start(&bootstrap(node, ads_port, admin), admin))
+    tokio::task::block_in_place(|| {
+        Envoy::start_with_env(
+            &bootstrap(node, ads_port, admin),
+            admin,
+            &[(PROV_B_KEY_ENV, Some(PROV_B_KEY))],
+        )
+    })
 }
 
 /// An Envoy from ads.yaml as node `node`, served `snap` by a fresh cache (returned, for
@@ -219,4 +231,45 @@ async fn a_failover_through_xds_carries_the_next_targets_model_id() {
         gw.counter("halo.attempt_rewrites") >= 1,
         "some callers picked prov-a first and were retried on prov-b"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_reaches_its_target_through_sds_over_ads_and_nowhere_else() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let mut snap = test_snapshot(&issuer.url, &p);
+    // prov-b's key is a reference to Envoy's environment, delivered as an SDS Secret over
+    // ADS; the value never passes through the control plane.
+    if let Some(up) = snap.upstreams.get_mut("prov-b") {
+        up.credential = Some(halo_policy::types::Credential {
+            env: Some(PROV_B_KEY_ENV.into()),
+            file: None,
+        });
+    }
+    let (_cache, gw) = gateway(&snap, "gw-sds").await;
+    // "weighted" is 50/50 prov-a / prov-b: ask until both have answered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut user = 0;
+    while p.b.count() == 0 || p.a.count() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both targets did not answer in time; Envoy log:\n{}",
+            gw.envoy.logs()
+        );
+        user += 1;
+        let t = bearer(&issuer.token(&format!("sds-{user}@acme.test"), &[]));
+        let _ = gw
+            .post(
+                "/v1/messages",
+                &[("authorization", &t), ("x-api-key", "client-key")],
+                &msg("weighted"),
+            )
+            .await;
+    }
+    for seen in p.b.seen() {
+        assert_eq!(seen.header("x-api-key"), Some(PROV_B_KEY));
+    }
+    for seen in p.a.seen() {
+        assert_eq!(seen.header("x-api-key"), None, "prov-a has no credential");
+    }
 }
