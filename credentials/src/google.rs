@@ -21,8 +21,7 @@ pub const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 /// The metadata server every Google runtime exposes.
 pub const METADATA_DEFAULT: &str = "http://metadata.google.internal";
 /// The default service account's token, below the metadata server's base URL.
-pub const METADATA_TOKEN_PATH: &str =
-    "/computeMetadata/v1/instance/service-accounts/default/token";
+pub const METADATA_TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
 /// Google accepts assertions valid for at most an hour.
 const ASSERTION_LIFETIME: Duration = Duration::from_secs(3600);
 /// Access tokens are short strings; a larger body is not a token response.
@@ -238,7 +237,10 @@ impl ServiceAccountKey {
         let assertion = self.assertion(now)?;
         let response = http
             .post(&self.token_uri)
-            .form(&[("grant_type", JWT_BEARER), ("assertion", assertion.as_str())])
+            .form(&[
+                ("grant_type", JWT_BEARER),
+                ("assertion", assertion.as_str()),
+            ])
             .send()
             .await
             .map_err(|e| Error::Http {
@@ -541,8 +543,13 @@ mod tests {
 
     #[test]
     fn an_unknown_field_is_named() {
-        let err = parse(&key_json(r#","extra_field":1"#)).unwrap_err().to_string();
-        assert!(err.contains("sa.json") && err.contains("extra_field"), "{err}");
+        let err = parse(&key_json(r#","extra_field":1"#))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sa.json") && err.contains("extra_field"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -550,7 +557,10 @@ mod tests {
         let err = parse(r#"{"type":"authorized_user","refresh_token":"r","client_secret":"s"}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("authorized_user") && err.contains("not supported"), "{err}");
+        assert!(
+            err.contains("authorized_user") && err.contains("not supported"),
+            "{err}"
+        );
         assert!(!err.contains("refresh_token"), "{err}");
     }
 
@@ -593,10 +603,9 @@ mod tests {
         assert_eq!(header.alg, Algorithm::RS256);
         assert_eq!(header.kid.as_deref(), Some("kid1"));
         let payload = jwt.split('.').nth(1).unwrap();
-        let claims: Value = serde_json::from_slice(
-            &base64_url_decode(payload).expect("base64url payload"),
-        )
-        .unwrap();
+        let claims: Value =
+            serde_json::from_slice(&base64_url_decode(payload).expect("base64url payload"))
+                .unwrap();
         assert_eq!(claims["iss"], "sa@p.iam.gserviceaccount.com");
         assert_eq!(claims["scope"], SCOPE);
         assert_eq!(claims["aud"], "https://oauth2.googleapis.com/token");
@@ -606,7 +615,9 @@ mod tests {
 
     fn base64_url_decode(s: &str) -> Option<Vec<u8>> {
         use base64::Engine;
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s).ok()
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s)
+            .ok()
     }
 
     #[test]
@@ -632,7 +643,10 @@ mod tests {
             oauth_error(br#"{"error":"invalid_grant","error_description":"Invalid JWT"}"#),
             Some("invalid_grant".to_string())
         );
-        assert_eq!(oauth_error(br#"{"error":"Bad thing: secret-ish text"}"#), None);
+        assert_eq!(
+            oauth_error(br#"{"error":"Bad thing: secret-ish text"}"#),
+            None
+        );
         assert_eq!(oauth_error(b"<html>"), None);
     }
 

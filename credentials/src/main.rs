@@ -65,6 +65,7 @@ Exit status: 0 success or stopped by a signal, 1 failed mint or write with --onc
 enum Command {
     /// Google's access token for Vertex AI (scope cloud-platform), from a service-account
     /// key file or the metadata server.
+    #[command(after_help = EXAMPLES)]
     Vertex(VertexArgs),
 }
 

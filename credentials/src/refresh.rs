@@ -240,7 +240,11 @@ mod tests {
         assert_eq!(s.failures(), 0);
         assert_eq!(s.lease(), Some(fresh));
         assert_eq!(s.next_attempt(), at(1803 + 1800));
-        assert_eq!(s.failed(at(4000)), Duration::from_secs(1), "backoff restarts");
+        assert_eq!(
+            s.failed(at(4000)),
+            Duration::from_secs(1),
+            "backoff restarts"
+        );
     }
 
     #[test]

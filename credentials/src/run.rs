@@ -130,5 +130,8 @@ impl<C: Clock> Refresher<C> {
 }
 
 fn secs(later: SystemTime, earlier: SystemTime) -> u64 {
-    later.duration_since(earlier).map(|d| d.as_secs()).unwrap_or(0)
+    later
+        .duration_since(earlier)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

@@ -14,7 +14,8 @@ use serde_json::json;
 use crate::google::AccessToken;
 
 /// The Secret resource's type URL.
-pub const SECRET_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+pub const SECRET_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 /// What the secret holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +106,10 @@ mod tests {
         );
         let bare = SdsFile::new(Path::new("/x/v.json"), "n", Value::Bare).unwrap();
         let doc: serde_json::Value = serde_json::from_slice(&bare.render(&token())).unwrap();
-        assert_eq!(doc["resources"][0]["generic_secret"]["secret"]["inline_string"], "ya29.test");
+        assert_eq!(
+            doc["resources"][0]["generic_secret"]["secret"]["inline_string"],
+            "ya29.test"
+        );
     }
 
     #[test]

@@ -118,7 +118,10 @@ async fn a_failed_refresh_keeps_the_published_token_and_retries() {
     let published = std::fs::read(&sds).unwrap();
 
     let g = google.clone();
-    poll("two failed refreshes", move || (g.failed() >= 2).then_some(())).await;
+    poll("two failed refreshes", move || {
+        (g.failed() >= 2).then_some(())
+    })
+    .await;
     assert_eq!(
         std::fs::read(&sds).unwrap(),
         published,
@@ -223,14 +226,24 @@ async fn an_assertion_signed_by_another_key_is_refused_and_nothing_is_written() 
     );
     let (code, logs) = tokio::task::spawn_blocking(move || {
         Process::run(
-            &["vertex", "--sds-file", &sds_arg, "--key-file", &key_arg, "--once"],
+            &[
+                "vertex",
+                "--sds-file",
+                &sds_arg,
+                "--key-file",
+                &key_arg,
+                "--once",
+            ],
             &[],
         )
     })
     .await
     .unwrap();
     assert_eq!(code, 1, "{logs}");
-    assert!(logs.contains("400") && logs.contains("invalid_grant"), "{logs}");
+    assert!(
+        logs.contains("400") && logs.contains("invalid_grant"),
+        "{logs}"
+    );
     assert!(
         !logs.contains("Invalid JWT Signature"),
         "the error description is not logged:\n{logs}"
@@ -243,7 +256,11 @@ async fn an_assertion_signed_by_another_key_is_refused_and_nothing_is_written() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_key_file_is_a_usage_error_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let key = write_key_file(dir.path(), "https://oauth2.googleapis.com/token", SA_KEY_PEM);
+    let key = write_key_file(
+        dir.path(),
+        "https://oauth2.googleapis.com/token",
+        SA_KEY_PEM,
+    );
     let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&key).unwrap()).unwrap();
     doc["private_key_passphrase"] = "x".into();
     std::fs::write(&key, doc.to_string()).unwrap();

@@ -187,8 +187,7 @@ async fn token(State(inner): State<Arc<Inner>>, Form(form): Form<TokenForm>) -> 
     validation.set_audience(&[token_uri]);
     validation.set_issuer(&[CLIENT_EMAIL]);
     validation.set_required_spec_claims(&["exp", "iat", "aud", "iss"]);
-    let claims = match jsonwebtoken::decode::<AssertionClaims>(&form.assertion, &key, &validation)
-    {
+    let claims = match jsonwebtoken::decode::<AssertionClaims>(&form.assertion, &key, &validation) {
         Ok(data) => data.claims,
         Err(_) => return refuse(&inner, "Invalid JWT Signature."),
     };
@@ -229,7 +228,11 @@ async fn metadata(State(inner): State<Arc<Inner>>, headers: HeaderMap) -> Respon
         .map(str::to_string);
     inner.metadata_flavors.lock().unwrap().push(flavor.clone());
     if flavor.as_deref() != Some("Google") {
-        return (StatusCode::FORBIDDEN, "Missing Metadata-Flavor:Google header.").into_response();
+        return (
+            StatusCode::FORBIDDEN,
+            "Missing Metadata-Flavor:Google header.",
+        )
+            .into_response();
     }
     let mut response = issue(&inner);
     response
@@ -300,9 +303,10 @@ impl Process {
     /// Run to completion (with a bound) and return the exit code and stderr.
     pub fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
         let mut p = Process::start(args, env);
-        let code = halo_testkit::wait_until("halo-credentials to exit", Duration::from_secs(30), || {
-            p.child.try_wait().ok().flatten()
-        });
+        let code =
+            halo_testkit::wait_until("halo-credentials to exit", Duration::from_secs(30), || {
+                p.child.try_wait().ok().flatten()
+            });
         (code.code().unwrap_or(-1), p.logs())
     }
 
@@ -324,7 +328,83 @@ impl Drop for Process {
 
 /// No token, assertion or key in `logs`.
 pub fn assert_no_secret(logs: &str) {
-    assert!(!logs.contains(TOKEN_PREFIX), "a token reached the log:\n{logs}");
-    assert!(!logs.contains("eyJ"), "an assertion reached the log:\n{logs}");
+    assert!(
+        !logs.contains(TOKEN_PREFIX),
+        "a token reached the log:\n{logs}"
+    );
+    assert!(
+        !logs.contains("eyJ"),
+        "an assertion reached the log:\n{logs}"
+    );
     assert!(!logs.contains("MII"), "a key reached the log:\n{logs}");
+}
+
+/// One request a fake Vertex received.
+#[derive(Debug, Clone)]
+pub struct VertexCall {
+    pub path: String,
+    pub authorization: Option<String>,
+}
+
+struct VertexState {
+    google: FakeGoogle,
+    calls: Mutex<Vec<VertexCall>>,
+}
+
+/// A Vertex endpoint that accepts only `Authorization: Bearer <the latest token the fake
+/// Google issued>` (401 otherwise) and records what it saw.
+#[derive(Clone)]
+pub struct FakeVertex {
+    pub port: u16,
+    state: Arc<VertexState>,
+}
+
+impl FakeVertex {
+    pub async fn start(google: &FakeGoogle) -> FakeVertex {
+        let state = Arc::new(VertexState {
+            google: google.clone(),
+            calls: Mutex::new(Vec::new()),
+        });
+        let app = Router::new().fallback(vertex).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake vertex");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeVertex { port, state }
+    }
+
+    pub fn calls(&self) -> Vec<VertexCall> {
+        self.state.calls.lock().unwrap().clone()
+    }
+}
+
+async fn vertex(
+    State(state): State<Arc<VertexState>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let authorization = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    state.calls.lock().unwrap().push(VertexCall {
+        path: uri.path().to_string(),
+        authorization: authorization.clone(),
+    });
+    let current = format!("Bearer {}", token_name(state.google.issued()));
+    if authorization.as_deref() != Some(current.as_str()) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": {"code": 401, "status": "UNAUTHENTICATED"}})),
+        )
+            .into_response();
+    }
+    Json(
+        json!({"id": "msg_1", "type": "message", "role": "assistant",
+        "content": [{"type": "text", "text": "hi"}]}),
+    )
+    .into_response()
 }
