@@ -66,6 +66,8 @@ pub enum Error {
         url: String,
         message: String,
     },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
     #[error("invalid metadata server URL {url:?}: {message}")]
     MetadataUrl { url: String, message: String },
 }
@@ -94,9 +96,12 @@ pub struct Minted {
     pub expires_in: Duration,
 }
 
-/// A service-account key file, decoded strictly: Google's fields and no others.
+/// A service-account key file, decoded strictly: Google's fields and no others. The
+/// optional ones are accepted so a key downloaded from the console loads as is; only the
+/// signer, the account and the token URI are used.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)]
 struct KeyFile {
     #[serde(rename = "type")]
     kind: String,
@@ -181,15 +186,6 @@ impl ServiceAccountKey {
             let field = e.path().to_string();
             key_error(format!("{field}: {}", e.into_inner()))
         })?;
-        debug_assert_eq!(file.kind, "service_account");
-        let _ = (
-            &file.project_id,
-            &file.client_id,
-            &file.auth_uri,
-            &file.auth_provider_x509_cert_url,
-            &file.client_x509_cert_url,
-            &file.universe_domain,
-        );
         if file.client_email.trim().is_empty() {
             return Err(key_error("client_email: empty".into()));
         }
@@ -504,11 +500,7 @@ pub fn http_client() -> Result<reqwest::Client, Error> {
         .connect_timeout(Duration::from_secs(10))
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .map_err(|e| Error::Http {
-            what: "HTTP client",
-            url: String::new(),
-            message: e.to_string(),
-        })
+        .map_err(|e| Error::Client(e.to_string()))
 }
 
 #[cfg(test)]
