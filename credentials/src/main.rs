@@ -137,6 +137,19 @@ async fn vertex(args: VertexArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(e.to_string()),
     };
+    // The file's directory must exist: a typo would otherwise only show as retried
+    // write errors.
+    let dir = match args.sds_file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        return usage(format!(
+            "{}: the SDS file's directory {} does not exist",
+            args.sds_file.display(),
+            dir.display()
+        ));
+    }
     let env = |k: &str| std::env::var(k).ok();
     let source = match (args.key_file, args.metadata_server) {
         (Some(path), _) => Ok(Source::KeyFile(path)),
