@@ -285,3 +285,40 @@ async fn a_bad_key_file_is_a_usage_error_naming_the_field() {
     assert_no_secret(&logs);
     assert!(!sds.exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_a_metadata_server_is_not_trusted() {
+    // Answers like the metadata server but without `Metadata-Flavor: Google`: a captive
+    // portal or a proxy, whose "token" must not be published.
+    let app = axum::Router::new().fallback(|| async {
+        axum::Json(serde_json::json!({
+            "access_token": "ya29.fake-impostor", "expires_in": 3600, "token_type": "Bearer"}))
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let sds = dir.path().join("vertex.yaml");
+    let sds_arg = sds.to_str().unwrap().to_string();
+    let (code, logs) = tokio::task::spawn_blocking(move || {
+        Process::run(
+            &[
+                "vertex",
+                "--sds-file",
+                &sds_arg,
+                "--metadata-server",
+                &base,
+                "--once",
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{logs}");
+    assert!(logs.contains("not a metadata server"), "{logs}");
+    assert!(!sds.exists());
+    assert_no_secret(&logs);
+}
