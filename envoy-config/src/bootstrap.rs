@@ -13,6 +13,7 @@ use halo_policy::Snapshot;
 use halo_policy::cluster_names;
 use serde_json::{Value, json};
 
+use crate::credentials::{self, Hosts, SecretDelivery, TargetCredential};
 use crate::names;
 
 /// Default request body bound of model calls (the filter's default too).
@@ -153,6 +154,48 @@ pub fn used_upstreams(snap: &Snapshot) -> BTreeSet<&str> {
     used
 }
 
+/// A target endpoint's `filter_metadata.halo`, sorted by key: what the per-attempt stage
+/// and the credential chain read (`target`: the target's cluster name, the marker the
+/// credential filters match; `model`, `kind`, `upstream`; and the upstream settings a
+/// translation reads: `region`, `project`, `apiVersion`, when set). The xDS translator
+/// writes the same pairs.
+pub fn target_metadata(
+    cluster: &str,
+    upstream_name: &str,
+    upstream: Option<&halo_policy::types::Upstream>,
+    model: &str,
+    host: &str,
+) -> Vec<(&'static str, String)> {
+    let mut md = vec![
+        // What auto_host_rewrite writes after the upstream filters: the stage sets it
+        // first, so a SigV4 signature covers the host the provider receives.
+        ("host", host.to_string()),
+        (
+            "kind",
+            upstream
+                .map(|u| u.kind.as_str())
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        ("model", model.to_string()),
+        ("target", cluster.to_string()),
+        ("upstream", upstream_name.to_string()),
+    ];
+    if let Some(u) = upstream {
+        for (key, value) in [
+            ("apiVersion", &u.api_version),
+            ("project", &u.project),
+            ("region", &u.region),
+        ] {
+            if let Some(v) = value {
+                md.push((key, v.clone()));
+            }
+        }
+    }
+    md.sort();
+    md
+}
+
 /// Failover settings of the model clusters and route; the defaults are the xDS
 /// translator's (`halo_xds::GatewaySettings`), so both modes walk targets the same way.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,7 +232,10 @@ pub fn model_clusters(
     snap: &Snapshot,
     failover: &Failover,
     attempt_stage: Option<&str>,
-) -> Result<Vec<Value>, RenderError> {
+    hosts: &Hosts,
+) -> Result<ModelClusters, RenderError> {
+    let mut out = ModelClusters::default();
+    let mut creds: BTreeMap<String, TargetCredential> = BTreeMap::new();
     let mut targets: BTreeMap<String, Value> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, Value> = BTreeMap::new();
     for (scope, routes) in cluster_names::scoped_routes(snap) {
@@ -217,13 +263,29 @@ pub fn model_clusters(
                     // One host per cluster: the default cap (10%) must not keep it in.
                     "max_ejection_percent": 100,
                 });
-                c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] = json!({
-                    "filter_metadata": {"halo": {
-                        "upstream": t.upstream,
-                        "model": t.model,
-                        "kind": snap.upstreams.get(&t.upstream).map(|u| u.kind.as_str()),
-                    }},
-                });
+                let halo: serde_json::Map<String, Value> = target_metadata(
+                    &name,
+                    &t.upstream,
+                    snap.upstreams.get(&t.upstream),
+                    &t.model,
+                    &ep.host,
+                )
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), Value::String(v)))
+                .collect();
+                c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] =
+                    json!({"filter_metadata": {"halo": halo}});
+                let (cred, warning) = match snap.upstreams.get(&t.upstream) {
+                    Some(u) => credentials::target_credential(&t.upstream, u, hosts),
+                    None => (TargetCredential::None, None),
+                };
+                out.warnings.extend(warning);
+                if let TargetCredential::Key { secret, source, .. } = &cred
+                    && !out.secrets.iter().any(|s| s["name"] == json!(secret))
+                {
+                    out.secrets.push(credentials::secret(secret, source));
+                }
+                creds.insert(name.clone(), cred);
                 targets.insert(name, c);
             }
             for (first_pick, clusters) in cluster_names::failover_orders(route, alias) {
@@ -241,17 +303,36 @@ pub fn model_clusters(
                     },
                 });
                 if let Some(wasm_path) = attempt_stage {
+                    let targets: Vec<(String, TargetCredential)> = clusters
+                        .iter()
+                        .map(|c| {
+                            let cred = creds.get(c).cloned().unwrap_or(TargetCredential::None);
+                            (c.clone(), cred)
+                        })
+                        .collect();
                     aggregate["typed_extension_protocol_options"] =
-                        attempt_protocol_options(wasm_path);
+                        attempt_protocol_options(wasm_path, &targets);
                 }
                 aggregates.insert(name, aggregate);
             }
         }
     }
-    Ok(targets
+    out.clusters = targets
         .into_values()
         .chain(aggregates.into_values())
-        .collect())
+        .collect();
+    Ok(out)
+}
+
+/// What [`model_clusters`] renders.
+#[derive(Debug, Clone, Default)]
+pub struct ModelClusters {
+    pub clusters: Vec<Value>,
+    /// The keys' secrets (references to an env variable or file, never a value), one per
+    /// credentialed upstream in use.
+    pub secrets: Vec<Value>,
+    /// Credentials the policy configures that are not used, and why.
+    pub warnings: Vec<String>,
 }
 
 /// The retry policy of the model route: the xDS translator's (move on after a connect
@@ -388,22 +469,21 @@ pub fn attempt_filter(wasm_path: &str) -> Value {
 /// The per-attempt stage's plugin configuration.
 pub const ATTEMPT_STAGE_CONFIGURATION: &str = r#"{"stage":"attempt"}"#;
 
-/// An aggregate cluster's `typed_extension_protocol_options`: upstream HTTP filters
-/// [per-attempt stage, upstream codec]. Upstream filters must sit on the aggregate: the
-/// ones on its sub-clusters do not run when a route goes through the aggregate (seen in
-/// Envoy 1.40). The protocol (HTTP/1.1) is the sub-clusters' default too.
-pub fn attempt_protocol_options(wasm_path: &str) -> Value {
+/// An aggregate cluster's `typed_extension_protocol_options`: upstream HTTP filters, the
+/// per-attempt stage then, when a target has a credential, the credential chain
+/// ([`credentials::attempt_chain`]), then the upstream codec. Upstream filters must sit on
+/// the aggregate: the ones on its sub-clusters do not run when a route goes through the
+/// aggregate (seen in Envoy 1.40). The protocol (HTTP/1.1) is the sub-clusters' default.
+pub fn attempt_protocol_options(wasm_path: &str, targets: &[(String, TargetCredential)]) -> Value {
     json!({
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http_protocol_options": {}},
-            "http_filters": [
+            "http_filters": credentials::attempt_chain(
                 attempt_filter(wasm_path),
-                {
-                    "name": "envoy.filters.http.upstream_codec",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"},
-                },
-            ],
+                targets,
+                SecretDelivery::Static,
+            ),
         },
     })
 }
@@ -430,7 +510,15 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         return Err(RenderError::Settings);
     }
     let failover = Failover::default();
-    let mut clusters = model_clusters(snap, &failover, Some(&opts.wasm_path))?;
+    let hosts = Hosts::from_settings(&settings);
+    if let Some(m) = settings.as_object_mut() {
+        // Gateway settings for the renderer, not the filter's.
+        for key in credentials::HOSTS_SETTINGS {
+            m.remove(key);
+        }
+    }
+    let model = model_clusters(snap, &failover, Some(&opts.wasm_path), &hosts)?;
+    let mut clusters = model.clusters;
     if let Some(url) = &opts.killswitch_url {
         let ep = endpoint("killswitch URL", url)?;
         clusters.push(cluster(names::KILLSWITCH_CLUSTER, &ep));
@@ -494,7 +582,7 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             "http_filters": http_filters,
         },
     });
-    Ok(json!({
+    let mut doc = json!({
         "admin": {"address": {"socket_address": {"address": opts.admin_address, "port_value": opts.admin_port}}},
         "stats_config": {"stats_tags": stats_tags()},
         "static_resources": {
@@ -507,7 +595,24 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             }],
             "clusters": clusters,
         },
-    }))
+    });
+    if !model.secrets.is_empty() {
+        // References to where each key is read (env or file), never a value.
+        doc["static_resources"]["secrets"] = Value::Array(model.secrets);
+    }
+    Ok(doc)
+}
+
+/// Warnings about the policy's credentials the standalone bootstrap does not use.
+pub fn credential_warnings(snap: &Snapshot, settings: &Value) -> Vec<String> {
+    model_clusters(
+        snap,
+        &Failover::default(),
+        None,
+        &Hosts::from_settings(settings),
+    )
+    .map(|m| m.warnings)
+    .unwrap_or_default()
 }
 
 /// The standalone bootstrap as the YAML file `halo envoy bootstrap` writes: a header

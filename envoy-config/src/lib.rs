@@ -9,8 +9,10 @@
 //! - [`names`]: the cluster naming scheme and the route header (the filter's contract with
 //!   Envoy's `cluster_header` route).
 //! - [`bootstrap`]: the standalone (static resources) bootstrap.
+//! - [`credentials`]: the per-attempt credential chain (SigV4, keys) after the stage.
 //! - [`yaml`]: a small deterministic YAML printer for JSON values.
 
 pub mod bootstrap;
+pub mod credentials;
 pub mod names;
 pub mod yaml;

@@ -1,29 +1,37 @@
-//! The per-attempt stage: each upstream attempt carries its own target's model id.
+//! The per-attempt stage: each upstream attempt gets its own target's request.
 //!
 //! Envoy walks a route's failover order itself (an aggregate cluster and a retry policy),
-//! so the request filter, which runs once, can only write the first pick's model id. The
-//! same module, configured with `{"stage": "attempt"}`, also runs as an upstream HTTP
+//! so the request filter, which runs once, can only shape the request for the first pick.
+//! The same module, configured with `{"stage": "attempt"}`, also runs as an upstream HTTP
 //! filter on every aggregate cluster: once per attempt, after Envoy chose the endpoint.
-//! It reads that endpoint's model id from its metadata (`filter_metadata.halo.model`,
-//! written by the xDS translator and the standalone bootstrap) and puts it where the
-//! request filter put the first pick's.
+//! It reads that endpoint's metadata (`filter_metadata.halo`: `model`, `kind`, and the
+//! upstream settings a translation reads: `region`, `project`, `apiVersion`; written by the
+//! xDS translator and the standalone bootstrap) and builds the attempt's request:
 //!
-//! The request filter tells the stage where that is in a note, so the stage never parses
-//! the body: `body <start> <end> <model>` (the byte range of the model's JSON string,
-//! quotes included, in the body as rewritten) or `path <wire> <model>`. The note is a
-//! filter-state property of the request ([`ATTEMPT_PROPERTY`]), not a header: Envoy hands
-//! every attempt's upstream filters the same request header map, so a header the stage
-//! removed on the first attempt would be gone for the retry, and one left in place would
-//! reach the provider. A client cannot set filter state.
+//! - a kind that takes the client's wire as is (orchestrator, anthropic, openai, bedrock on
+//!   the bedrock wire, gemini): only the model changes, spliced where the request filter
+//!   noted it ([`Work::Splice`], no copy of the body beyond its head) or rewritten in the
+//!   path;
+//! - a kind that needs another request (bedrock for an Anthropic client, vertex,
+//!   azure-openai): [`halo_providers::translate`] on the whole body ([`Work::Translate`]);
+//! - a kind that cannot serve the client's wire or operation: [`Work::Skip`] (answered
+//!   502 bad_upstream by the stage: an upstream filter's own answer is not retried by
+//!   Envoy, so the request ends there).
 //!
-//! Each retry starts from a copy of the request body as the request filter left it, so
-//! the note's byte range holds for every attempt; the path, shared like the headers, is
-//! rewritten from whatever the previous attempt left (the rewrite is idempotent).
-//!
-//! When the endpoint's model is the one already written (the first attempt, normally),
-//! the stage does nothing: no body copy on the common path.
+//! The request filter leaves a [`Note`] in a filter-state property of the request
+//! ([`ATTEMPT_PROPERTY`], JSON), not a header: Envoy hands every attempt's upstream filters
+//! the SAME request header map (`:path` and headers changed by attempt 1 are what attempt 2
+//! sees), while the body starts fresh for each attempt (a copy of what the request filter
+//! left). So the note carries everything the stage needs from the original request: the
+//! model's place and id, wire, operation, stream flag, the `:path` as the request filter
+//! left it and the client's values of the headers a translation changes
+//! ([`RESTORED_HEADERS`]); every attempt first puts those back, then applies its own
+//! changes. A client cannot set filter state.
 
-use halo_policy::types::WireProtocol;
+use halo_policy::admit::{ModelCall, ModelLocation, Operation};
+use halo_policy::types::{Upstream, UpstreamKind, WireProtocol};
+use halo_providers::{Inbound, Outbound, Skip};
+use serde::{Deserialize, Serialize};
 
 use crate::pipeline::PrefixEdit;
 
@@ -31,115 +39,279 @@ use crate::pipeline::PrefixEdit;
 /// request (Envoy's `wasm.` namespace), which every attempt's upstream filter can read.
 pub const ATTEMPT_PROPERTY: &str = "halo_attempt";
 
+/// Headers some translation changes or removes: every attempt starts from the client's
+/// values (or their absence).
+pub const RESTORED_HEADERS: [&str; 4] = [
+    "anthropic-version",
+    "anthropic-beta",
+    "content-type",
+    "accept",
+];
+
+/// Client headers carrying a credential: never sent to a credentialed kind, whatever
+/// forwardAuth says (the gateway's own credential is added after this stage).
+pub const CLIENT_CREDENTIAL_HEADERS: [&str; 5] = [
+    "authorization",
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "proxy-authorization",
+];
+
 /// Where the model id sits in the request the router replays to each attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ModelAt {
     /// `body[start..end]` is the model's JSON string, quotes included.
     Body { start: usize, end: usize },
-    /// The model is a path segment of this wire (bedrock `/model/{id}/op`, gemini).
-    Path(WireProtocol),
+    /// The model is a path segment of the wire (bedrock `/model/{id}/op`, gemini).
+    Path,
 }
 
-/// What the request filter wrote: where, and which model id.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the request filter wrote, and what the stage needs of the original request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Note {
     pub at: ModelAt,
+    /// The model id the request filter wrote (the first pick's).
     pub model: String,
+    pub wire: WireProtocol,
+    pub op: Operation,
+    pub stream: bool,
+    /// `:path` as the request filter left it (model rewritten, gemini `key` stripped).
+    pub path: String,
+    /// The client's values of [`RESTORED_HEADERS`] it sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
 }
 
 impl Note {
-    /// The header value.
+    /// The property value.
     pub fn encode(&self) -> String {
-        match &self.at {
-            ModelAt::Body { start, end } => format!("body {start} {end} {}", self.model),
-            ModelAt::Path(wire) => format!("path {} {}", wire.as_str(), self.model),
-        }
+        serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Read a header value written by [`Note::encode`]; `None` for anything else.
+    /// Read a value written by [`Note::encode`]; `None` for anything else.
     pub fn decode(value: &str) -> Option<Note> {
-        let (kind, rest) = value.split_once(' ')?;
-        match kind {
-            "body" => {
-                let mut parts = rest.splitn(3, ' ');
-                let start = parts.next()?.parse().ok()?;
-                let end = parts.next()?.parse().ok()?;
-                let model = parts.next()?.to_string();
-                (start < end).then_some(Note {
-                    at: ModelAt::Body { start, end },
-                    model,
-                })
-            }
-            "path" => {
-                let (wire, model) = rest.split_once(' ')?;
-                let wire = match wire {
-                    "bedrock-invoke" => WireProtocol::BedrockInvoke,
-                    "gemini" => WireProtocol::Gemini,
-                    _ => return None,
-                };
-                Some(Note {
-                    at: ModelAt::Path(wire),
-                    model: model.to_string(),
-                })
-            }
-            _ => None,
+        let note: Note = serde_json::from_str(value).ok()?;
+        match note.at {
+            ModelAt::Body { start, end } if start >= end => None,
+            _ => Some(note),
         }
     }
 
     /// The note for a body after [`halo_policy::admit::splice_model`] wrote `model` at
     /// `start`: the range of the JSON string now there.
-    pub fn after_splice(start: usize, model: &str) -> Note {
+    pub fn after_splice(call: &ModelCall, path: &str, start: usize, model: &str) -> Note {
         let len = serde_json::to_string(model).map_or(model.len() + 2, |s| s.len());
         Note {
             at: ModelAt::Body {
                 start,
                 end: start + len,
             },
-            model: model.to_string(),
+            ..Note::in_path(call, path, model)
         }
+    }
+
+    /// The note for a model in the path (`path` already names it).
+    pub fn in_path(call: &ModelCall, path: &str, model: &str) -> Note {
+        Note {
+            at: ModelAt::Path,
+            model: model.to_string(),
+            wire: call.wire,
+            op: call.operation,
+            stream: call.stream,
+            path: path.to_string(),
+            headers: Vec::new(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
-/// What this attempt needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// The endpoint serves the model already written (or names none): send as is.
-    Keep,
-    /// Replace `:path`.
-    Path(String),
+/// The chosen endpoint's `filter_metadata.halo`, as far as the stage reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub model: Option<String>,
+    /// The host auto_host_rewrite gives the request after the upstream filters.
+    pub host: Option<String>,
+    pub kind: Option<String>,
+    pub region: Option<String>,
+    pub project: Option<String>,
+    pub api_version: Option<String>,
+}
+
+impl Endpoint {
+    /// The metadata keys, in the order [`Endpoint::from_values`] takes them.
+    pub const KEYS: [&'static str; 6] =
+        ["model", "kind", "region", "project", "apiVersion", "host"];
+
+    pub fn from_values(mut get: impl FnMut(&str) -> Option<String>) -> Endpoint {
+        let mut v = Self::KEYS.map(|k| get(k).filter(|s| !s.is_empty()));
+        Endpoint {
+            model: v[0].take(),
+            kind: v[1].take(),
+            region: v[2].take(),
+            project: v[3].take(),
+            api_version: v[4].take(),
+            host: v[5].take(),
+        }
+    }
+
+    fn upstream(&self) -> Option<Upstream> {
+        let kind: UpstreamKind =
+            serde_json::from_value(serde_json::Value::String(self.kind.clone()?)).ok()?;
+        Some(Upstream {
+            url: String::new(),
+            kind,
+            region: self.region.clone(),
+            project: self.project.clone(),
+            api_version: self.api_version.clone(),
+            credential: None,
+        })
+    }
+}
+
+/// What an attempt needs besides the header reset.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Work {
+    /// Send as is.
+    None,
     /// Replace `body[start..end]` with `model` as a JSON string, once the body is in.
-    Body {
+    Splice {
         start: usize,
         end: usize,
         model: String,
     },
+    /// Translate the whole body for this upstream and model, once the body is in.
+    Translate {
+        upstream: Box<Upstream>,
+        model: String,
+    },
+    /// This target cannot serve the request.
+    Skip(Skip),
 }
 
-/// The step for an attempt whose endpoint metadata names `endpoint_model` (`None`: the
-/// endpoint carries no model, e.g. a cluster not rendered by Halos). `path` gives the
-/// request's `:path` now (an earlier attempt may have rewritten it); it is asked for only
-/// when the model is in the path.
-pub fn step(note: &Note, endpoint_model: Option<&str>, path: impl FnOnce() -> String) -> Step {
-    let Some(model) = endpoint_model.filter(|m| !m.is_empty()) else {
-        return Step::Keep;
+/// The attempt's plan, decided at request-headers time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Each [`RESTORED_HEADERS`] entry set to the client's value or removed.
+    pub restore: Vec<(&'static str, Option<String>)>,
+    /// `:path` for this attempt (set when it differs from the current one).
+    pub path: String,
+    /// `:authority` for this attempt, set before the credential filters sign it (Envoy's
+    /// auto_host_rewrite writes the same value only after the upstream filters).
+    pub authority: Option<String>,
+    /// Headers to remove, and every header starting with one of `remove_prefixes`.
+    pub remove: Vec<&'static str>,
+    pub remove_prefixes: Vec<&'static str>,
+    pub work: Work,
+}
+
+/// Whether `kind` needs another request than the client's for `wire`.
+pub fn translates(kind: UpstreamKind, wire: WireProtocol) -> bool {
+    matches!(
+        (kind, wire),
+        (UpstreamKind::Bedrock, WireProtocol::AnthropicMessages)
+            | (UpstreamKind::Vertex, _)
+            | (UpstreamKind::AzureOpenai, _)
+    )
+}
+
+/// The plan for an attempt on `endpoint`. An endpoint without a model (a cluster not
+/// rendered by Halos) gets the request as the request filter left it.
+pub fn plan(note: &Note, endpoint: &Endpoint) -> Plan {
+    let restore = RESTORED_HEADERS
+        .iter()
+        .map(|h| (*h, note.header(h).map(str::to_string)))
+        .collect();
+    let mut out = Plan {
+        restore,
+        path: note.path.clone(),
+        authority: endpoint.host.clone(),
+        remove: Vec::new(),
+        remove_prefixes: Vec::new(),
+        work: Work::None,
     };
-    match note.at {
-        ModelAt::Body { .. } if model == note.model => Step::Keep,
-        ModelAt::Body { start, end } => Step::Body {
-            start,
-            end,
-            model: model.to_string(),
-        },
-        ModelAt::Path(wire) => {
-            let path = path();
-            let rewritten = crate::pipeline::rewrite_path_model(&path, wire, model);
-            if rewritten == path {
-                Step::Keep
-            } else {
-                Step::Path(rewritten)
-            }
+    let Some(model) = endpoint.model.as_deref() else {
+        return out;
+    };
+    let upstream = endpoint.upstream();
+    if let Some(u) = &upstream {
+        let kind = u.kind;
+        if !kind.serves(note.wire) {
+            out.work = Work::Skip(Skip::WireNotServed {
+                kind,
+                wire: note.wire,
+            });
+            return out;
+        }
+        if note.op == Operation::CountTokens
+            && matches!(kind, UpstreamKind::Bedrock | UpstreamKind::Vertex)
+        {
+            out.work = Work::Skip(Skip::CountTokensUnsupported { kind });
+            return out;
+        }
+        if kind.is_credentialed() {
+            out.remove.extend(CLIENT_CREDENTIAL_HEADERS);
+        }
+        if kind == UpstreamKind::Bedrock {
+            out.remove_prefixes.extend(["x-amz-", "x-amzn-"]);
+        }
+        if translates(kind, note.wire) {
+            out.work = Work::Translate {
+                upstream: Box::new(u.clone()),
+                model: model.to_string(),
+            };
+            return out;
         }
     }
+    match note.at {
+        ModelAt::Body { .. } if model == note.model => {}
+        ModelAt::Body { start, end } => {
+            out.work = Work::Splice {
+                start,
+                end,
+                model: model.to_string(),
+            };
+        }
+        ModelAt::Path => {
+            out.path = crate::pipeline::rewrite_path_model(&note.path, note.wire, model);
+        }
+    }
+    out
+}
+
+/// The translated request for `body` (the body as the request filter left it: the note's
+/// range holds the first pick's model).
+pub fn translate(
+    note: &Note,
+    upstream: &Upstream,
+    model: &str,
+    body: &[u8],
+) -> Result<Outbound, Skip> {
+    let call = ModelCall {
+        wire: note.wire,
+        operation: note.op,
+        alias: note.model.clone(),
+        stream: note.stream,
+        model_in: match note.at {
+            ModelAt::Body { start, end } => ModelLocation::Body { start, end },
+            ModelAt::Path => ModelLocation::Path,
+        },
+    };
+    let inbound = Inbound {
+        call: &call,
+        path: &note.path,
+        body,
+        anthropic_beta: note.header("anthropic-beta"),
+    };
+    halo_providers::translate(&inbound, upstream, model)
 }
 
 /// The edit putting `model` at `head[start..end]`, where `head` is the body's first
@@ -154,71 +326,149 @@ pub fn rewrite_head(head: &[u8], start: usize, end: usize, model: &str) -> Optio
     Some(PrefixEdit::model(head, start, end, model))
 }
 
+/// The 502 an attempt that cannot be served is answered with.
+pub fn skip_reply(skip: &Skip) -> Vec<u8> {
+    serde_json::json!({"type": "error", "error": {"type": "bad_upstream", "message": skip.to_string()}})
+        .to_string()
+        .into_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn call(wire: WireProtocol, op: Operation, stream: bool) -> ModelCall {
+        ModelCall {
+            wire,
+            operation: op,
+            alias: "a".into(),
+            stream,
+            model_in: ModelLocation::Path,
+        }
+    }
+
+    fn messages_note(model: &str) -> Note {
+        let mut n = Note::after_splice(
+            &call(WireProtocol::AnthropicMessages, Operation::Messages, true),
+            "/v1/messages",
+            9,
+            model,
+        );
+        n.headers = vec![
+            ("anthropic-version".into(), "2023-06-01".into()),
+            ("anthropic-beta".into(), "b1,b2".into()),
+        ];
+        n
+    }
+
+    fn endpoint(model: &str, kind: &str) -> Endpoint {
+        Endpoint {
+            model: Some(model.into()),
+            kind: Some(kind.into()),
+            region: Some("us-east-1".into()),
+            ..Endpoint::default()
+        }
+    }
+
     #[test]
     fn notes_round_trip_and_garbage_is_ignored() {
-        let n = Note::after_splice(10, "claude \"x\"");
+        let n = messages_note("claude \"x\"");
         assert_eq!(Note::decode(&n.encode()), Some(n));
-        let p = Note {
-            at: ModelAt::Path(WireProtocol::BedrockInvoke),
-            model: "anthropic.claude-3:0".into(),
-        };
+        let p = Note::in_path(
+            &call(WireProtocol::BedrockInvoke, Operation::Invoke, false),
+            "/model/a.m%3A0/invoke",
+            "a.m:0",
+        );
         assert_eq!(Note::decode(&p.encode()), Some(p));
-        for bad in [
-            "",
-            "body",
-            "body 1 x m",
-            "body 5 5 m",
-            "path openai m",
-            "x 1 2 m",
-        ] {
+        let mut bad_range = messages_note("m");
+        bad_range.at = ModelAt::Body { start: 5, end: 5 };
+        for bad in ["", "body 1 2 m", "{}", &bad_range.encode()] {
             assert_eq!(Note::decode(bad), None, "{bad:?}");
         }
     }
 
     #[test]
-    fn the_same_model_needs_no_work_and_another_is_spliced_where_the_note_says() {
-        let body = br#"{"model":"m-a","max_tokens":1}"#;
-        let note = Note::after_splice(9, "m-a");
-        assert_eq!(&body[9..14], br#""m-a""#);
-        assert_eq!(
-            step(&note, Some("m-a"), || "/v1/messages".to_string()),
-            Step::Keep
+    fn every_attempt_restores_the_clients_headers_and_path() {
+        let note = messages_note("m-a");
+        let p = plan(&note, &endpoint("m-a", "anthropic"));
+        assert_eq!(p.path, "/v1/messages");
+        assert_eq!(p.work, Work::None);
+        assert!(p.remove.is_empty(), "anthropic keeps forwarded auth");
+        assert!(
+            p.restore
+                .contains(&("anthropic-beta", Some("b1,b2".into())))
         );
-        assert_eq!(step(&note, None, || "/v1/messages".to_string()), Step::Keep);
-        let Step::Body { start, end, model } =
-            step(&note, Some("m-bb"), || "/v1/messages".to_string())
-        else {
-            panic!("a different model is a body step");
-        };
-        let edit = rewrite_head(&body[..end], start, end, &model).expect("a string is there");
-        assert_eq!(edit.apply(body), br#"{"model":"m-bb","max_tokens":1}"#);
-        // A range that is not a JSON string leaves the body alone.
-        assert_eq!(rewrite_head(body, 0, 5, "x"), None);
-        assert_eq!(rewrite_head(body, 9, 99, "x"), None);
+        assert!(p.restore.contains(&("content-type", None)));
     }
 
     #[test]
-    fn a_path_model_is_rewritten_per_attempt() {
-        let note = Note {
-            at: ModelAt::Path(WireProtocol::BedrockInvoke),
-            model: "a.m:0".into(),
+    fn another_model_of_a_pass_through_kind_is_spliced() {
+        let body = br#"{"model":"m-a","max_tokens":1}"#;
+        let note = messages_note("m-a");
+        let Work::Splice { start, end, model } = plan(&note, &endpoint("m-bb", "openai")).work
+        else {
+            panic!("a different model is a splice");
         };
-        assert_eq!(
-            step(&note, Some("b.m:1"), || "/model/a.m%3A0/invoke".to_string()),
-            Step::Path("/model/b.m%3A1/invoke".into())
+        let edit = rewrite_head(&body[..end], start, end, &model).expect("a string is there");
+        assert_eq!(edit.apply(body), br#"{"model":"m-bb","max_tokens":1}"#);
+        assert_eq!(rewrite_head(body, 0, 5, "x"), None);
+        assert_eq!(rewrite_head(body, 9, 99, "x"), None);
+        // No metadata: as the request filter left it.
+        assert_eq!(plan(&note, &Endpoint::default()).work, Work::None);
+    }
+
+    #[test]
+    fn a_path_model_is_rewritten_from_the_noted_path() {
+        let note = Note::in_path(
+            &call(WireProtocol::BedrockInvoke, Operation::Invoke, false),
+            "/model/a.m%3A0/invoke",
+            "a.m:0",
         );
-        // A retry after that attempt sees the path it left, and puts its own model back.
+        let p = plan(&note, &endpoint("b.m:1", "bedrock"));
+        assert_eq!(p.path, "/model/b.m%3A1/invoke");
+        assert_eq!(p.remove_prefixes, ["x-amz-", "x-amzn-"]);
+        assert!(p.remove.contains(&"authorization"));
+        assert_eq!(plan(&note, &endpoint("a.m:0", "bedrock")).path, note.path);
+    }
+
+    #[test]
+    fn bedrock_for_an_anthropic_client_is_translated_per_attempt() {
+        let note = messages_note("m-a");
+        let body = br#"{"model":"m-a","max_tokens":1,"stream":true,"messages":[]}"#;
+        let Work::Translate { upstream, model } =
+            plan(&note, &endpoint("us.anthropic.claude:0", "bedrock")).work
+        else {
+            panic!("bedrock translates the messages wire");
+        };
+        let out = translate(&note, &upstream, &model, body).expect("translated");
         assert_eq!(
-            step(&note, Some("a.m:0"), || "/model/b.m%3A1/invoke".to_string()),
-            Step::Path("/model/a.m%3A0/invoke".into())
+            out.path,
+            "/model/us.anthropic.claude%3A0/invoke-with-response-stream"
         );
+        let v: serde_json::Value = serde_json::from_slice(&out.body).expect("json");
+        assert_eq!(v["anthropic_version"], "bedrock-2023-05-31");
+        assert_eq!(v["anthropic_beta"], serde_json::json!(["b1", "b2"]));
+        assert!(v.get("model").is_none());
         assert_eq!(
-            step(&note, Some("a.m:0"), || "/model/a.m%3A0/invoke".to_string()),
-            Step::Keep
+            out.response,
+            halo_providers::ResponseConversion::BedrockEventStreamToSse
         );
+    }
+
+    #[test]
+    fn targets_that_cannot_serve_are_skipped() {
+        let note = messages_note("m-a");
+        assert!(matches!(
+            plan(&note, &endpoint("g", "gemini")).work,
+            Work::Skip(Skip::WireNotServed { .. })
+        ));
+        let mut count = note.clone();
+        count.op = Operation::CountTokens;
+        let skip = plan(&count, &endpoint("m", "bedrock")).work;
+        let Work::Skip(skip) = skip else {
+            panic!("count_tokens is skipped for bedrock")
+        };
+        let reply: serde_json::Value = serde_json::from_slice(&skip_reply(&skip)).expect("json");
+        assert_eq!(reply["error"]["type"], "bad_upstream");
     }
 }

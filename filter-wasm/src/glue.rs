@@ -11,13 +11,15 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
 
-use crate::attempt::{self, ATTEMPT_PROPERTY, Note, Step};
+use crate::attempt::{self, ATTEMPT_PROPERTY, Endpoint, Note, Work};
 use crate::cidr;
 use crate::config::{Config, IdentityMode, Plugin};
 use crate::hygiene;
 use crate::killstate::{FetchOutcome, KillState};
 use crate::metrics;
 use crate::pipeline::{self, Forward, Head, Pending, Reply, VerifiedClaims};
+use halo_providers::ResponseConversion;
+use halo_providers::eventstream::EventStreamToSse;
 
 /// Shared-data keys (one VM id is shared by every worker's copy of the plugin).
 const SHARED_ENVELOPE: &str = "halo.killswitch.envelope";
@@ -289,7 +291,9 @@ impl RootContext for Root {
         if self.attempt_stage {
             return Some(Box::new(Attempt {
                 rewrites: self.attempt_rewrites,
-                body: None,
+                note: None,
+                work: Work::None,
+                convert: None,
             }));
         }
         Some(Box::new(Http {
@@ -375,7 +379,7 @@ impl Http {
         }
     }
 
-    fn apply(&mut self, forward: Forward, misconfigured: bool) {
+    fn apply(&mut self, mut forward: Forward, misconfigured: bool) {
         for name in &self.removals {
             self.set_http_request_header(name, None);
         }
@@ -390,8 +394,14 @@ impl Http {
                 self.set_http_request_header("content-length", None);
             }
         }
-        if let Some(note) = &forward.attempt_note {
-            self.set_property(vec![ATTEMPT_PROPERTY], Some(note.as_bytes()));
+        if let Some(mut note) = forward.attempt_note.take() {
+            // Every attempt starts from the client's values of the headers a translation
+            // changes: an earlier attempt's changes stay in the shared header map.
+            note.headers = attempt::RESTORED_HEADERS
+                .iter()
+                .filter_map(|h| Some((h.to_string(), self.get_http_request_header(h)?)))
+                .collect();
+            self.set_property(vec![ATTEMPT_PROPERTY], Some(note.encode().as_bytes()));
         }
         for (name, value) in &forward.stamps {
             self.set_http_request_header(name, Some(value));
@@ -525,77 +535,169 @@ impl HttpContext for Http {
 /// The per-attempt stage on one upstream attempt (see [`crate::attempt`]).
 struct Attempt {
     rewrites: Option<u32>,
-    /// The model to splice into the body once it is in: (start, end, model).
-    body: Option<(usize, usize, String)>,
+    note: Option<Note>,
+    /// What waits for the body.
+    work: Work,
+    /// The Bedrock event stream to SSE conversion of this attempt's answer.
+    convert: Option<EventStreamToSse>,
+}
+
+thread_local! {
+    /// Translation drop causes already logged by this VM (logged once per cause).
+    static DROPPED_LOGGED: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Context for Attempt {}
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _num: usize, end_of_stream: bool) -> Action {
-        let Some(value) = self
+        let Some(note) = self
             .get_property(vec![ATTEMPT_PROPERTY])
             .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|v| Note::decode(&v))
         else {
             return Action::Continue;
         };
-        let Some(note) = Note::decode(&value) else {
-            return Action::Continue;
-        };
-        let endpoint_model = self
-            .get_property(vec![
+        let endpoint = Endpoint::from_values(|key| {
+            self.get_property(vec![
                 "xds",
                 "upstream_host_metadata",
                 "filter_metadata",
                 "halo",
-                "model",
+                key,
             ])
-            .and_then(|b| String::from_utf8(b).ok());
-        let path = || self.get_http_request_header(":path").unwrap_or_default();
-        match attempt::step(&note, endpoint_model.as_deref(), path) {
-            Step::Keep => Action::Continue,
-            Step::Path(path) => {
-                self.set_http_request_header(":path", Some(&path));
+            .and_then(|b| String::from_utf8(b).ok())
+        });
+        let plan = attempt::plan(&note, &endpoint);
+        if let Work::Skip(skip) = &plan.work {
+            return self.skip(skip);
+        }
+        for (name, value) in &plan.restore {
+            self.set_http_request_header(name, value.as_deref());
+        }
+        if self.get_http_request_header(":path").as_deref() != Some(plan.path.as_str()) {
+            self.set_http_request_header(":path", Some(&plan.path));
+            if plan.path != note.path {
                 self.counted();
-                Action::Continue
             }
-            Step::Body { start, end, model } => {
-                if end_of_stream {
-                    return Action::Continue;
-                }
+        }
+        if let Some(authority) = &plan.authority {
+            self.set_http_request_header(":authority", Some(authority));
+        }
+        self.remove_headers(&plan.remove, &plan.remove_prefixes);
+        self.note = Some(note);
+        self.work = plan.work;
+        match &self.work {
+            Work::None | Work::Skip(_) => Action::Continue,
+            Work::Splice { .. } if end_of_stream => Action::Continue,
+            Work::Splice { .. } => {
                 // The length changes: Envoy sends the rewritten body chunked.
                 self.set_http_request_header("content-length", None);
-                self.body = Some((start, end, model));
                 Action::Pause
             }
+            Work::Translate { .. } if end_of_stream => {
+                if self.translate_body(0) {
+                    Action::Continue
+                } else {
+                    Action::Pause
+                }
+            }
+            Work::Translate { .. } => Action::Pause,
         }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.body.is_none() {
+        if matches!(self.work, Work::None | Work::Skip(_)) {
             return Action::Continue;
         }
         if !end_of_stream {
             return Action::Pause;
         }
-        let Some((start, end, model)) = self.body.take() else {
-            return Action::Continue;
-        };
-        // The model sits in the head: only that crosses the wasm boundary.
-        let head = self
-            .get_http_request_body(0, end.min(body_size))
-            .unwrap_or_default();
-        if let Some(edit) = attempt::rewrite_head(&head, start, end, &model) {
-            self.set_http_request_body(0, edit.drop, &edit.prefix);
-            self.counted();
-        } else {
-            log(
-                LogLevel::Warn,
-                "halo: per-attempt stage: the model is not where the request filter noted it; attempt sent as is",
-            );
+        match std::mem::replace(&mut self.work, Work::None) {
+            Work::Splice { start, end, model } => {
+                // The model sits in the head: only that crosses the wasm boundary.
+                let head = self
+                    .get_http_request_body(0, end.min(body_size))
+                    .unwrap_or_default();
+                if let Some(edit) = attempt::rewrite_head(&head, start, end, &model) {
+                    self.set_http_request_body(0, edit.drop, &edit.prefix);
+                    self.counted();
+                } else {
+                    log(
+                        LogLevel::Warn,
+                        "halo: per-attempt stage: the model is not where the request filter noted it; attempt sent as is",
+                    );
+                }
+                Action::Continue
+            }
+            work @ Work::Translate { .. } => {
+                self.work = work;
+                if self.translate_body(body_size) {
+                    Action::Continue
+                } else {
+                    Action::Pause
+                }
+            }
+            Work::None | Work::Skip(_) => Action::Continue,
         }
+    }
+
+    fn on_http_response_headers(&mut self, _num: usize, _end_of_stream: bool) -> Action {
+        if self.convert.is_none() {
+            return Action::Continue;
+        }
+        let ok = self.get_http_response_header(":status").as_deref() == Some("200");
+        let eventstream = self
+            .get_http_response_header("content-type")
+            .is_some_and(|v| v.starts_with(halo_providers::eventstream::EVENTSTREAM_CONTENT_TYPE));
+        if !(ok && eventstream) {
+            // An error answer (JSON) goes to the client as Bedrock wrote it.
+            self.convert = None;
+            return Action::Continue;
+        }
+        self.set_http_response_header("content-type", Some("text/event-stream"));
+        self.set_http_response_header("content-length", None);
         Action::Continue
     }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.convert.is_none() {
+            return Action::Continue;
+        }
+        let chunk = self
+            .get_http_response_body(0, body_size)
+            .unwrap_or_default();
+        let Some(conv) = self.convert.as_mut() else {
+            return Action::Continue;
+        };
+        let mut out = match conv.feed(&chunk) {
+            Ok(sse) => sse,
+            Err(e) => {
+                self.convert = None;
+                log(
+                    LogLevel::Warn,
+                    &format!("halo: per-attempt stage: Bedrock event stream unreadable: {e}"),
+                );
+                sse_error(&e.to_string())
+            }
+        };
+        if end_of_stream
+            && let Some(conv) = self.convert.take()
+            && let Err(e) = conv.finish()
+        {
+            out.extend(sse_error(&e.to_string()));
+        }
+        // Each chunk is replaced by the events it completed: streaming stays incremental.
+        self.set_http_response_body(0, body_size, &out);
+        Action::Continue
+    }
+}
+
+/// An Anthropic SSE `error` event.
+fn sse_error(message: &str) -> Vec<u8> {
+    let data =
+        serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}});
+    format!("event: error\ndata: {data}\n\n").into_bytes()
 }
 
 impl Attempt {
@@ -603,6 +705,91 @@ impl Attempt {
         if let Some(id) = self.rewrites {
             let _ = hostcalls::increment_metric(id, 1);
         }
+    }
+
+    /// Answer 502 bad_upstream for a target that cannot serve the request.
+    fn skip(&mut self, skip: &halo_providers::Skip) -> Action {
+        log(
+            LogLevel::Info,
+            &format!("halo: per-attempt stage: target skipped: {skip}"),
+        );
+        self.send_http_response(
+            502,
+            vec![("content-type", "application/json")],
+            Some(&attempt::skip_reply(skip)),
+        );
+        Action::Pause
+    }
+
+    fn remove_headers(&self, names: &[&str], prefixes: &[&str]) {
+        for name in names {
+            self.set_http_request_header(name, None);
+        }
+        if prefixes.is_empty() {
+            return;
+        }
+        for (name, _) in self.get_http_request_headers() {
+            let lower = name.to_ascii_lowercase();
+            if prefixes.iter().any(|p| lower.starts_with(p)) {
+                self.set_http_request_header(&name, None);
+            }
+        }
+    }
+
+    /// Translate the whole body for this attempt's target; false when the attempt was
+    /// answered instead (a Skip).
+    fn translate_body(&mut self, body_size: usize) -> bool {
+        let Work::Translate { upstream, model } = std::mem::replace(&mut self.work, Work::None)
+        else {
+            return true;
+        };
+        let Some(note) = self.note.as_ref() else {
+            return true;
+        };
+        let body = if body_size == 0 {
+            Vec::new()
+        } else {
+            self.get_http_request_body(0, body_size).unwrap_or_default()
+        };
+        let out = match attempt::translate(note, &upstream, &model, &body) {
+            Ok(out) => out,
+            Err(skip) => {
+                self.skip(&skip);
+                return false;
+            }
+        };
+        self.set_http_request_header(":method", Some(out.method));
+        self.set_http_request_header(":path", Some(&out.path));
+        if let Some(authority) = &out.authority {
+            self.set_http_request_header(":authority", Some(authority));
+        }
+        self.remove_headers(&out.remove_headers, &out.remove_header_prefixes);
+        for (name, value) in &out.set_headers {
+            self.set_http_request_header(name, Some(value));
+        }
+        self.set_http_request_body(0, body_size, &out.body);
+        for cause in &out.dropped {
+            let cause = cause.as_str();
+            let first = DROPPED_LOGGED.with(|l| {
+                let mut l = l.borrow_mut();
+                let first = !l.contains(&cause);
+                if first {
+                    l.push(cause);
+                }
+                first
+            });
+            if first {
+                log(
+                    LogLevel::Info,
+                    &format!("halo: per-attempt stage: translation drops {cause} (logged once)"),
+                );
+            }
+        }
+        if out.response == ResponseConversion::BedrockEventStreamToSse {
+            self.convert = Some(EventStreamToSse::new());
+        }
+        self.counted();
+        true
     }
 }
 

@@ -21,7 +21,7 @@ use halo_policy::decide::{self, Caller, Decision, Subject};
 use halo_policy::route;
 use halo_policy::types::WireProtocol;
 
-use crate::attempt::{ModelAt, Note};
+use crate::attempt::Note;
 use crate::config::{Config, IdentityMode};
 use crate::hygiene;
 
@@ -281,8 +281,9 @@ pub struct Forward {
     pub path: Option<String>,
     /// The cluster to route to (the route header's value).
     pub cluster: String,
-    /// For the per-attempt stage: where the model sits ([`crate::attempt::Note`]).
-    pub attempt_note: Option<String>,
+    /// For the per-attempt stage ([`crate::attempt::Note`]; the glue adds the client's
+    /// headers it needs).
+    pub attempt_note: Option<Note>,
     /// Headers to set (after removing the client's).
     pub stamps: Vec<(String, String)>,
     /// For the metrics: ring, variant (`none` when unattributed), whether a decision ran.
@@ -338,24 +339,21 @@ pub fn on_body(
 
     let mut new_body = None;
     let mut path = pending.path.clone();
+    if call.model_in == ModelLocation::Path {
+        path = rewrite_path_model(&path, call.wire, &target.model);
+    }
+    if call.wire == WireProtocol::Gemini {
+        path = hygiene::strip_key_param(&path);
+    }
     let note = match call.model_in {
         ModelLocation::Body { start, end } => {
             // admit recorded where the model sits while it decoded the body: no second
             // parse or walk of a possibly megabyte-long conversation.
             new_body = Some(PrefixEdit::model(body, start, end, &target.model));
-            Note::after_splice(start, &target.model)
+            Note::after_splice(&call, &path, start, &target.model)
         }
-        ModelLocation::Path => {
-            path = rewrite_path_model(&path, call.wire, &target.model);
-            Note {
-                at: ModelAt::Path(call.wire),
-                model: target.model.clone(),
-            }
-        }
+        ModelLocation::Path => Note::in_path(&call, &path, &target.model),
     };
-    if call.wire == WireProtocol::Gemini {
-        path = hygiene::strip_key_param(&path);
-    }
 
     let mut stamps = vec![(hygiene::RING.to_string(), decision.ring.clone())];
     if let Some(release) = &decision.release {
@@ -367,7 +365,7 @@ pub fn on_body(
     }
     stamps.push((cfg.route_header.clone(), cluster.clone()));
     Ok(Forward {
-        attempt_note: Some(note.encode()),
+        attempt_note: Some(note),
         body: new_body,
         path: (path != pending.path).then_some(path),
         cluster,

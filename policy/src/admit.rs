@@ -24,7 +24,7 @@ use crate::snapshot::Snapshot;
 use crate::types::WireProtocol;
 
 /// What a model call does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Operation {
     /// anthropic-messages `/v1/messages`.

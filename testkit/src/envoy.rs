@@ -49,11 +49,34 @@ impl Envoy {
 
     /// Start Envoy with `concurrency` worker threads.
     pub fn start_with(bootstrap: &str, admin_port: u16, concurrency: u32) -> Envoy {
+        Envoy::start_full(bootstrap, admin_port, concurrency, &[])
+    }
+
+    /// Start Envoy (one worker) with its environment changed: `(name, Some(value))` sets a
+    /// variable, `(name, None)` removes one the test process has. For what Envoy reads from
+    /// its environment at use time, such as the AWS credential chain.
+    pub fn start_with_env(bootstrap: &str, admin_port: u16, env: &[(&str, Option<&str>)]) -> Envoy {
+        Envoy::start_full(bootstrap, admin_port, 1, env)
+    }
+
+    fn start_full(
+        bootstrap: &str,
+        admin_port: u16,
+        concurrency: u32,
+        env: &[(&str, Option<&str>)],
+    ) -> Envoy {
         let dir = tempfile::tempdir().expect("envoy temp dir");
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, bootstrap).expect("write envoy bootstrap");
         let log = File::create(dir.path().join("envoy.log")).expect("envoy log file");
-        let child = Command::new(envoy_binary())
+        let mut command = Command::new(envoy_binary());
+        for (name, value) in env {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        let child = command
             .arg("-c")
             .arg(&config)
             .args(["--concurrency", &concurrency.to_string()])

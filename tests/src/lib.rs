@@ -9,6 +9,10 @@
 //!   signed with halo-policy's `killswitch::sign`.
 //! - [`Gateway`]: a real Envoy from the standalone bootstrap (halo-envoy-config) with the
 //!   built filter module.
+//! - [`bedrock::FakeBedrock`]: a Bedrock runtime that recomputes every SigV4 signature with
+//!   `aws-sigv4` and refuses mismatches.
+
+pub mod bedrock;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -557,6 +561,9 @@ pub struct GatewayOptions {
     /// Make jwt_authn write the verified payload under this key instead of the
     /// bootstrap's (as Istio's `payload` or Envoy Gateway's issuer key do).
     pub jwt_payload_key: Option<String>,
+    /// Envoy's environment changes: `(name, Some(value))` sets, `(name, None)` removes
+    /// (the AWS credential chain, key variables). Non-empty: one worker.
+    pub env: Vec<(String, Option<String>)>,
 }
 
 impl Default for GatewayOptions {
@@ -567,6 +574,7 @@ impl Default for GatewayOptions {
             concurrency: 1,
             wasm_path: None,
             jwt_payload_key: None,
+            env: Vec::new(),
         }
     }
 }
@@ -613,8 +621,18 @@ impl Gateway {
         if let Some(path) = std::env::var_os("HALO_E2E_DUMP") {
             let _ = std::fs::write(path, &yaml);
         }
-        let envoy =
-            tokio::task::block_in_place(|| Envoy::start_with(&yaml, admin, opts.concurrency));
+        let env: Vec<(&str, Option<&str>)> = opts
+            .env
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_deref()))
+            .collect();
+        let envoy = tokio::task::block_in_place(|| {
+            if env.is_empty() {
+                Envoy::start_with(&yaml, admin, opts.concurrency)
+            } else {
+                Envoy::start_with_env(&yaml, admin, &env)
+            }
+        });
         if std::env::var_os("HALO_E2E_DEBUG").is_some() {
             let _ = halo_testkit::http::request(admin, "POST", "/logging?level=debug", &[], b"");
         }

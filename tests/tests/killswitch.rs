@@ -48,6 +48,7 @@ async fn setup_with(pubkey: Option<String>, concurrency: u32) -> Setup {
             concurrency,
             wasm_path: None,
             jwt_payload_key: None,
+            env: Vec::new(),
         },
     );
     Setup {

@@ -23,7 +23,6 @@ use envoy_types::pb::envoy::config::route::v3::{
 };
 use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig;
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::http::upstream_codec::v3::UpstreamCodec;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager::RouteSpecifier, http_filter,
 };
@@ -31,6 +30,9 @@ use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    GenericSecret, Secret, secret,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
@@ -43,6 +45,8 @@ use envoy_types::pb::google::protobuf::{
     Any, BoolValue, Duration, UInt32Value, Value, value::Kind,
 };
 use prost::{Message, Name};
+
+use halo_envoy_config::credentials::{self, SecretDelivery, TargetCredential};
 
 use crate::cache::Resource;
 use crate::translate::{AggregatePlan, ListenerPlan, Plan, RoutePlan, ServicePlan, TargetPlan};
@@ -102,10 +106,26 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
         });
     }
     for a in &plan.aggregates {
+        let targets: Vec<(String, TargetCredential)> = a
+            .clusters
+            .iter()
+            .map(|c| {
+                let cred = plan
+                    .targets
+                    .iter()
+                    .find(|t| &t.name == c)
+                    .map(|t| t.credential.clone())
+                    .unwrap_or_default();
+                (c.clone(), cred)
+            })
+            .collect();
         out.push(Resource::new(
             &a.name,
-            &aggregate_cluster(a, plan.attempt_stage.as_deref()),
+            &aggregate_cluster(a, plan.attempt_stage.as_deref(), &targets),
         ));
+    }
+    for s in &plan.secrets {
+        out.push(secret_resource(s));
     }
     if let Some(j) = &plan.listener.jwks {
         out.push(Resource::new(
@@ -131,14 +151,9 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
 /// and the cache versions a type by the digest of its bytes. So the metadata is written
 /// with sorted keys and spliced in; protobuf allows fields in any order.
 pub fn target_cluster_bytes(t: &TargetPlan, upstream_ca_file: &str) -> Vec<u8> {
-    let mut fields = vec![
-        ("kind", t.kind.as_str()),
-        ("model", t.model.as_str()),
-        ("upstream", t.upstream.as_str()),
-    ];
-    fields.sort();
     let mut st = Vec::new();
-    for (k, v) in fields {
+    // Sorted by key already (halo-envoy-config's target_metadata).
+    for (k, v) in &t.metadata {
         let mut entry = Vec::new();
         len_delimited(1, k.as_bytes(), &mut entry);
         len_delimited(2, &string(v).encode_to_vec(), &mut entry);
@@ -247,13 +262,18 @@ fn target_cluster_without_endpoint(t: &TargetPlan, upstream_ca_file: &str) -> Cl
 /// `attempt_stage` (the wasm path), the filter's per-attempt stage runs as its upstream
 /// HTTP filter, once per attempt (halo-envoy-config's `attempt_protocol_options`, the
 /// standalone bootstrap's, as protobuf).
-pub fn aggregate_cluster(a: &AggregatePlan, attempt_stage: Option<&str>) -> Cluster {
+pub fn aggregate_cluster(
+    a: &AggregatePlan,
+    attempt_stage: Option<&str>,
+    targets: &[(String, TargetCredential)],
+) -> Cluster {
     let config = ClusterConfig {
         clusters: a.clusters.clone(),
     };
     let mut typed_extension_protocol_options = std::collections::HashMap::new();
     if let Some(wasm_path) = attempt_stage {
         let stage = halo_envoy_config::bootstrap::attempt_filter(wasm_path);
+        let chain = credentials::attempt_chain(stage, targets, SecretDelivery::Ads);
         let options = HttpProtocolOptions {
             upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
                 ExplicitHttpConfig {
@@ -262,22 +282,16 @@ pub fn aggregate_cluster(a: &AggregatePlan, attempt_stage: Option<&str>) -> Clus
                     )),
                 },
             )),
-            http_filters: vec![
-                HttpFilter {
-                    name: "envoy.filters.http.wasm".into(),
+            http_filters: chain
+                .iter()
+                .map(|f| HttpFilter {
+                    name: f["name"].as_str().unwrap_or_default().to_string(),
                     config_type: Some(http_filter::ConfigType::TypedConfig(typed_struct(
-                        &stage["typed_config"],
+                        &f["typed_config"],
                     ))),
                     ..HttpFilter::default()
-                },
-                HttpFilter {
-                    name: "envoy.filters.http.upstream_codec".into(),
-                    config_type: Some(http_filter::ConfigType::TypedConfig(any(
-                        &UpstreamCodec::default(),
-                    ))),
-                    ..HttpFilter::default()
-                },
-            ],
+                })
+                .collect(),
             ..HttpProtocolOptions::default()
         };
         // One key: the map's order cannot change the bytes.
@@ -495,6 +509,9 @@ pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
         tls_sni: j.tls_sni.clone(),
         connect_timeout_seconds: 5,
         breaker: crate::translate::Breaker::default(),
+        metadata: Vec::new(),
+        credential: TargetCredential::None,
+        credential_summary: String::new(),
     };
     let mut c = target_cluster_without_endpoint(&target, upstream_ca_file);
     c.outlier_detection = None;
@@ -546,6 +563,29 @@ pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
         ..ClusterLoadAssignment::default()
     });
     c
+}
+
+/// A key's Secret resource (SDS over ADS): a reference to the env variable or file,
+/// never the value. `secret` is halo-envoy-config's `credentials::secret` JSON.
+pub fn secret_resource(secret: &serde_json::Value) -> Resource {
+    let name = secret["name"].as_str().unwrap_or_default().to_string();
+    let data = &secret["generic_secret"]["secret"];
+    let specifier = if let Some(var) = data["environment_variable"].as_str() {
+        data_source::Specifier::EnvironmentVariable(var.to_string())
+    } else {
+        data_source::Specifier::Filename(data["filename"].as_str().unwrap_or_default().to_string())
+    };
+    let s = Secret {
+        name: name.clone(),
+        r#type: Some(secret::Type::GenericSecret(GenericSecret {
+            secret: Some(DataSource {
+                specifier: Some(specifier),
+                ..DataSource::default()
+            }),
+            ..GenericSecret::default()
+        })),
+    };
+    Resource::new(&name, &s)
 }
 
 /// The halo filter's ECDS resource: `wasm_filter` is halo-envoy-config's HTTP filter JSON

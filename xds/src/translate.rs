@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use halo_envoy_config::credentials::{self, Hosts, TargetCredential};
 use halo_policy::cluster_names::{
     aggregate_cluster, failover_orders, scoped_routes, target_cluster,
 };
@@ -61,6 +62,12 @@ pub struct GatewaySettings {
     /// the fallback to the kill list pushed in its configuration. Gets the
     /// `halo-killswitch` cluster; `filterSettings.killSwitch.{cluster,url}` are filled in.
     pub killswitch_url: Option<String>,
+    /// Exact hosts besides AWS's that may receive the gateway's SigV4 signature
+    /// (halo-proxy's `signHosts`).
+    pub sign_hosts: Vec<String>,
+    /// Exact hosts besides the providers' own https domains that may receive a key
+    /// (halo-proxy's `upstreamHosts`).
+    pub upstream_hosts: Vec<String>,
 }
 
 impl Default for GatewaySettings {
@@ -81,6 +88,8 @@ impl Default for GatewaySettings {
             jwks_uri: None,
             halo_filter: true,
             killswitch_url: None,
+            sign_hosts: Vec::new(),
+            upstream_hosts: Vec::new(),
         }
     }
 }
@@ -118,6 +127,13 @@ pub struct Plan {
     /// aggregate (each attempt gets its target's model id); with the halo filter only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempt_stage: Option<String>,
+    /// The keys' secrets (where each is read: env or file, never a value), served over
+    /// ADS to the credential filters; sorted by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<serde_json::Value>,
+    /// Credentials configured but not used, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -200,6 +216,15 @@ pub struct TargetPlan {
     pub tls_sni: Option<String>,
     pub connect_timeout_seconds: u32,
     pub breaker: Breaker,
+    /// The endpoint's `filter_metadata.halo` (halo-envoy-config's `target_metadata`),
+    /// sorted by key.
+    pub metadata: Vec<(String, String)>,
+    /// What this target's attempts get after the per-attempt stage.
+    #[serde(skip)]
+    pub credential: TargetCredential,
+    /// [`Self::credential`] in words, for the golden files.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub credential_summary: String,
 }
 
 /// Why a snapshot cannot be translated.
@@ -264,6 +289,26 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         }
     }
 
+    let hosts = Hosts {
+        sign_hosts: settings.sign_hosts.clone(),
+        upstream_hosts: settings.upstream_hosts.clone(),
+    };
+    let mut secrets: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let mut warnings = Vec::new();
+    let used: std::collections::BTreeSet<&str> =
+        targets.values().map(|t| t.upstream.as_str()).collect();
+    for name in used {
+        let Some(u) = snap.upstreams.get(name) else {
+            continue;
+        };
+        let (cred, warning) = credentials::target_credential(name, u, &hosts);
+        warnings.extend(warning);
+        if let TargetCredential::Key { secret, source, .. } = &cred {
+            secrets.insert(secret.clone(), credentials::secret(secret, source));
+        }
+    }
+    let secrets: Vec<serde_json::Value> = secrets.into_values().collect();
+
     let identity = snap.identity.as_ref().filter(|i| !i.issuer.is_empty());
     let jwks = match identity {
         None => None,
@@ -320,6 +365,8 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         aggregates: aggregates.into_values().collect(),
         targets: targets.into_values().collect(),
         attempt_stage: settings.halo_filter.then(|| settings.wasm_path.clone()),
+        secrets,
+        warnings,
     })
 }
 
@@ -354,7 +401,25 @@ fn plan_target(
         .to_string();
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let is_ip = host.parse::<IpAddr>().is_ok();
+    let metadata = halo_envoy_config::bootstrap::target_metadata(
+        &name,
+        &target.upstream,
+        Some(upstream),
+        &target.model,
+        &host,
+    )
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let hosts = Hosts {
+        sign_hosts: settings.sign_hosts.clone(),
+        upstream_hosts: settings.upstream_hosts.clone(),
+    };
+    let (credential, _) = credentials::target_credential(&target.upstream, upstream, &hosts);
     Ok(TargetPlan {
+        credential_summary: summary(&credential),
+        credential,
+        metadata,
         name,
         upstream: target.upstream.clone(),
         kind: upstream.kind.as_str().to_string(),
@@ -368,6 +433,17 @@ fn plan_target(
             .unwrap_or(settings.default_connect_timeout_seconds),
         breaker: settings.breaker.clone(),
     })
+}
+
+fn summary(c: &TargetCredential) -> String {
+    match c {
+        TargetCredential::None => String::new(),
+        TargetCredential::SigV4 { region } => format!("sigv4 {region}"),
+        TargetCredential::RefuseSigning { host } => {
+            format!("refused: {host} may not be signed for")
+        }
+        TargetCredential::Key { header, secret, .. } => format!("{header} from secret {secret}"),
+    }
 }
 
 #[cfg(test)]

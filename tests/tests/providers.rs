@@ -1,0 +1,263 @@
+//! Providers through the real gateway (issue 8): the standalone bootstrap rendered from a
+//! policy, a real Envoy 1.40 and the built filter. The per-attempt stage translates each
+//! attempt for its own target (halo-providers), and the credential chain rendered by
+//! halo-envoy-config signs Bedrock attempts (SigV4, checked by a fake that recomputes the
+//! signature with aws-sigv4) and injects keys read from Envoy's environment.
+
+use halo_e2e::bedrock::{ACCESS_KEY, FakeBedrock, SECRET_KEY, STREAM_EVENTS};
+use halo_e2e::{Gateway, GatewayOptions, Issuer, Provider, bearer};
+use halo_policy::Snapshot;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const REGION: &str = "us-east-1";
+const BEDROCK_MODEL: &str = "us.anthropic.claude-sonnet-4-5-20250929-v1:0";
+const BEDROCK_INVOKE: &str = "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke";
+const ANTHROPIC_MODEL: &str = "claude-sonnet-4-5-20250929";
+const ANTHROPIC_KEY: &str = "sk-ant-gateway-own";
+const AZURE_KEY: &str = "azure-gateway-key";
+
+/// Envoy's environment: the AWS chain pointed at nothing but (optionally) the test's key
+/// pair, and the key variables the policy's credentials name.
+fn env(home: &str, aws: bool) -> Vec<(String, Option<String>)> {
+    let mut env: Vec<(String, Option<String>)> = [
+        "AWS_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_CONFIG_FILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    ]
+    .iter()
+    .map(|n| (n.to_string(), None))
+    .collect();
+    env.push(("HOME".into(), Some(home.into())));
+    env.push(("AWS_EC2_METADATA_DISABLED".into(), Some("true".into())));
+    env.push(("HALO_TEST_ANTHROPIC_KEY".into(), Some(ANTHROPIC_KEY.into())));
+    env.push(("HALO_TEST_AZURE_KEY".into(), Some(AZURE_KEY.into())));
+    if aws {
+        env.push(("AWS_ACCESS_KEY_ID".into(), Some(ACCESS_KEY.into())));
+        env.push(("AWS_SECRET_ACCESS_KEY".into(), Some(SECRET_KEY.into())));
+    }
+    env
+}
+
+struct Fixture {
+    gw: Gateway,
+    token: String,
+    bedrock: FakeBedrock,
+    bedrock_down: FakeBedrock,
+    anthropic: Provider,
+    azure: Provider,
+    _issuer: Issuer,
+    _home: tempfile::TempDir,
+}
+
+async fn fixture(aws_credentials: bool) -> Fixture {
+    let issuer = Issuer::start().await;
+    let bedrock = FakeBedrock::start(REGION, StatusCode::OK).await;
+    let bedrock_down = FakeBedrock::start(REGION, StatusCode::SERVICE_UNAVAILABLE).await;
+    let anthropic = Provider::start("anthropic").await;
+    let azure = Provider::start("azure").await;
+    let doc = json!({
+        "schema": 1,
+        "org": "providers-org",
+        "identity": {"issuer": issuer.url, "audience": halo_e2e::AUDIENCE,
+                     "claims": {"user": "email", "groups": "groups"}},
+        "protocols": {"claude-code": "anthropic-messages", "codex": "openai-responses"},
+        "upstreams": {
+            "bedrock": {"url": bedrock.url, "kind": "bedrock", "region": REGION},
+            "bedrock-down": {"url": bedrock_down.url, "kind": "bedrock", "region": REGION},
+            "anthropic": {"url": anthropic.url, "kind": "anthropic",
+                          "credential": {"env": "HALO_TEST_ANTHROPIC_KEY"}},
+            "azure": {"url": azure.url, "kind": "azure-openai",
+                      "credential": {"env": "HALO_TEST_AZURE_KEY"}},
+        },
+        "models": {
+            "claude": [{"upstream": "bedrock", "model": BEDROCK_MODEL}],
+            "claude-fo": [
+                {"upstream": "bedrock-down", "model": BEDROCK_MODEL},
+                {"upstream": "anthropic", "model": ANTHROPIC_MODEL, "priority": 1},
+            ],
+            "codex": [{"upstream": "azure", "model": "gpt-5-deployment"}],
+        },
+        "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
+        "experiments": [],
+        "toggles": [],
+    });
+    let snapshot = Snapshot::from_bytes(doc.to_string().as_bytes()).expect("policy decodes");
+    let home = tempfile::tempdir().expect("home");
+    let gw = Gateway::start(
+        snapshot,
+        GatewayOptions {
+            // The fakes listen on loopback: let them receive the gateway's credentials.
+            settings: json!({"signHosts": ["127.0.0.1"], "upstreamHosts": ["127.0.0.1"]}),
+            env: env(&home.path().display().to_string(), aws_credentials),
+            ..GatewayOptions::default()
+        },
+    );
+    let token = bearer(&issuer.token("dev@acme.test", &[]));
+    Fixture {
+        gw,
+        token,
+        bedrock,
+        bedrock_down,
+        anthropic,
+        azure,
+        _issuer: issuer,
+        _home: home,
+    }
+}
+
+fn messages(alias: &str, stream: bool) -> Value {
+    json!({"model": alias, "max_tokens": 64, "stream": stream,
+           "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+           "messages": [{"role": "user", "content": "hi"}]})
+}
+
+impl Fixture {
+    fn headers(&self) -> Vec<(&str, &str)> {
+        vec![
+            ("authorization", self.token.as_str()),
+            ("anthropic-version", "2023-06-01"),
+            ("x-api-key", "client-key-never-forwarded"),
+            ("x-amz-security-token", "client-amz-never-forwarded"),
+            ("content-type", "application/json"),
+        ]
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bedrock_serves_anthropic_clients_signed_translated_streamed_and_fails_over() {
+    let f = fixture(true).await;
+
+    // 1. A non-streaming Anthropic request: translated to invoke and SigV4-signed.
+    let a =
+        f.gw.post("/v1/messages", &f.headers(), &messages("claude", false))
+            .await;
+    assert_eq!(
+        a.status,
+        200,
+        "{} {:?}",
+        a.text(),
+        f.bedrock
+            .seen()
+            .first()
+            .map(|s| (&s.verdict, &s.seen.headers))
+    );
+    assert_eq!(a.json()["content"][0]["text"], "signed and served");
+    let seen = f.bedrock.seen();
+    assert_eq!(seen.len(), 1);
+    let got = &seen[0];
+    assert_eq!(got.verdict, Ok(()), "the fake recomputed another signature");
+    assert_eq!(got.seen.path, BEDROCK_INVOKE);
+    let body = got.seen.json();
+    assert_eq!(body["anthropic_version"], "bedrock-2023-05-31");
+    assert_eq!(body.get("model"), None);
+    assert_eq!(body.get("stream"), None);
+    assert_eq!(body["system"][0]["cache_control"]["type"], "ephemeral");
+    assert_eq!(got.seen.header("x-api-key"), None);
+    assert_eq!(got.seen.header("anthropic-version"), None);
+    assert_eq!(got.seen.header("x-halo-target"), None);
+    assert_eq!(got.seen.header("x-amz-security-token"), None);
+
+    // 2. Streaming: invoke-with-response-stream, the event stream converted to SSE.
+    let a =
+        f.gw.post("/v1/messages", &f.headers(), &messages("claude", true))
+            .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.header("content-type"), Some("text/event-stream"));
+    let seen = f.bedrock.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].verdict, Ok(()));
+    assert!(seen[1].seen.path.ends_with("/invoke-with-response-stream"));
+    let text = a.text();
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in e.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).expect("SSE data is JSON");
+                }
+            }
+            (name, data)
+        })
+        .collect();
+    assert_eq!(events.len(), STREAM_EVENTS.len(), "{text}");
+    for ((name, data), want) in events.iter().zip(STREAM_EVENTS) {
+        let want: Value = serde_json::from_str(want).expect("event json");
+        assert_eq!(data, &want);
+        assert_eq!(name, want["type"].as_str().unwrap_or_default());
+    }
+
+    // 3. Failover bedrock (503) -> anthropic: each attempt its own request and credential.
+    let a =
+        f.gw.post("/v1/messages", &f.headers(), &messages("claude-fo", false))
+            .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["provider"], "anthropic");
+    let down = f.bedrock_down.seen();
+    assert_eq!(down.len(), 1, "bedrock was tried first");
+    assert_eq!(down[0].verdict, Ok(()));
+    assert_eq!(down[0].seen.path, BEDROCK_INVOKE);
+    let seen = f.anthropic.seen();
+    assert_eq!(seen.len(), 1);
+    let got = &seen[0];
+    assert_eq!(got.path, "/v1/messages");
+    assert_eq!(got.json()["model"], ANTHROPIC_MODEL);
+    assert_eq!(got.json().get("anthropic_version"), None);
+    assert_eq!(got.header("x-api-key"), Some(ANTHROPIC_KEY));
+    assert_eq!(got.header("anthropic-version"), Some("2023-06-01"));
+    for leaked in [
+        "authorization",
+        "x-amz-date",
+        "x-amz-content-sha256",
+        "x-amz-security-token",
+        "x-halo-target",
+    ] {
+        assert_eq!(
+            got.header(leaked),
+            None,
+            "{leaked} reached the anthropic target"
+        );
+    }
+
+    // 4. Azure OpenAI: the responses path rewritten, the deployment as model, its key.
+    let a =
+        f.gw.post(
+            "/v1/responses",
+            &[
+                ("authorization", f.token.as_str()),
+                ("api-key", "client-key-never-forwarded"),
+            ],
+            &json!({"model": "codex", "input": "hi"}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let seen = f.azure.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].path, "/openai/v1/responses");
+    assert_eq!(seen[0].json()["model"], "gpt-5-deployment");
+    assert_eq!(seen[0].header("api-key"), Some(AZURE_KEY));
+    assert_eq!(seen[0].header("authorization"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_aws_credentials_is_502_upstream_auth_error_and_nothing_is_sent() {
+    let f = fixture(false).await;
+    let a =
+        f.gw.post("/v1/messages", &f.headers(), &messages("claude", false))
+            .await;
+    assert_eq!(a.status, 502, "{}", a.text());
+    assert_eq!(a.json()["error"]["type"], "upstream_auth_error");
+    assert_eq!(f.bedrock.count(), 0, "an unsigned request reached Bedrock");
+}
