@@ -156,6 +156,12 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         settings.insert("killSwitch".into(), ks);
         secret = true;
     }
+    let settings = Value::Object(settings);
+    // Policy credentials the bootstrap cannot use (a key for a host that may not get one,
+    // a bedrock host outside AWS and signHosts...): said now, and in the file's header.
+    warnings.extend(halo_envoy_config::bootstrap::credential_warnings(
+        &snapshot, &settings,
+    ));
     let opts = Standalone {
         listen_address,
         listen_port,
@@ -163,7 +169,7 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         admin_port,
         wasm_path: args.wasm.clone(),
         jwks_uri: args.jwks_uri.clone(),
-        settings: Value::Object(settings),
+        settings,
         killswitch_url: args.killswitch_url.clone(),
     };
     for w in &warnings {

@@ -288,8 +288,9 @@ pub fn model_clusters(
                 creds.insert(name.clone(), cred);
                 targets.insert(name, c);
             }
-            for (first_pick, clusters) in cluster_names::failover_orders(route, alias) {
-                let name = cluster_names::aggregate_cluster(scope, alias, first_pick);
+            for (name, _first_pick, clusters) in
+                cluster_names::route_aggregates(snap, scope, alias, route)
+            {
                 let mut aggregate = json!({
                     "name": name,
                     "connect_timeout": "5s",

@@ -316,10 +316,10 @@ pub fn on_body(
         r.reason = "route";
         return Err(r);
     }
-    let Some(first) = order
-        .iter()
-        .find(|t| route::can_serve(snap, t.target, call.wire))
-    else {
+    // Which targets can serve this call (wire, count_tokens): the first pick is the first
+    // of them, and the aggregate walks only them.
+    let class = cluster_names::CallClass::of(call.wire, call.operation);
+    let Some(first) = order.iter().find(|t| class.serves(snap, t.target)) else {
         let mut r = Reply::error(
             502,
             "bad_upstream",
@@ -329,12 +329,16 @@ pub fn on_body(
         return Err(r);
     };
     let target = first.target;
-    // The aggregate cluster for (route scope, alias, first pick): the same name the xDS
-    // translator and the standalone bootstrap give it; Envoy walks its failover order.
-    let cluster = cluster_names::aggregate_cluster(
+    // The aggregate cluster for (route scope, alias, first pick, call class): the same
+    // name the xDS translator and the standalone bootstrap give it; Envoy walks its
+    // failover order.
+    let cluster = cluster_names::call_aggregate(
+        snap,
         cluster_names::decision_scope(&decision),
         &call.alias,
+        &decision.targets,
         first.index,
+        class,
     );
 
     let mut new_body = None;

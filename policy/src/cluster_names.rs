@@ -15,6 +15,13 @@
 //! `-` and `.`, so `~` never occurs inside one and the parts cannot run together; the
 //! trailing `-<digits>` is unambiguous because it is always last.
 //!
+//! A route whose targets cannot all serve every request (say Bedrock first, Anthropic
+//! second: Bedrock has no count_tokens, and only Anthropic speaks openai-responses) also
+//! gets, for each set of targets some [`CallClass`] can use when that is not all of them,
+//! aggregates that walk only those: `<aggregate>~only-<i>.<j>...` with the targets'
+//! indices (for example `opus-1~only-1`), so a failover never lands on a target that would
+//! have to refuse the call. Classes that can use the same targets share the aggregates.
+//!
 //! Each target gets one sub-cluster (shared by every aggregate that lists it, so its
 //! breaker sees all its traffic): `t~<upstream>~<model slug>~<hash8>`, where the slug is
 //! the model id with every character outside `[A-Za-z0-9._-]` replaced by `_` and hash8
@@ -23,10 +30,11 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::admit::Operation;
 use crate::decide::{Decision, RouteSource};
-use crate::route::route_order;
+use crate::route::{can_serve, route_order};
 use crate::snapshot::{Routes, Snapshot};
-use crate::types::Target;
+use crate::types::{Target, UpstreamKind, WireProtocol};
 
 /// Where an alias's target list comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,20 +100,145 @@ pub fn scoped_routes(snap: &Snapshot) -> Vec<(RouteScope<'_>, &Routes)> {
 /// order. Earlier tiers are left out: the filter only picks a later tier first when the
 /// earlier ones cannot serve the request. A target listed twice appears once.
 pub fn failover_orders(route: &[Target], alias: &str) -> Vec<(usize, Vec<String>)> {
+    failover_orders_where(route, alias, &vec![true; route.len()])
+}
+
+/// [`failover_orders`] over the targets whose `keep` is true only (first picks included).
+fn failover_orders_where(
+    route: &[Target],
+    alias: &str,
+    keep: &[bool],
+) -> Vec<(usize, Vec<String>)> {
+    let kept = |i: usize| keep.get(i).copied().unwrap_or(false);
     let policy_order = route_order(route, None, alias);
     (0..route.len())
+        .filter(|&i| kept(i))
         .map(|i| {
             let tier = route[i].priority;
             let mut names = vec![target_cluster(&route[i])];
             for o in &policy_order {
                 let name = target_cluster(o.target);
-                if o.index != i && o.target.priority >= tier && !names.contains(&name) {
+                if o.index != i
+                    && kept(o.index)
+                    && o.target.priority >= tier
+                    && !names.contains(&name)
+                {
                     names.push(name);
                 }
             }
             (i, names)
         })
         .collect()
+}
+
+/// What decides which targets can serve a call: the client's wire, and whether the call
+/// is a count_tokens (Bedrock and Vertex have none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallClass {
+    pub wire: WireProtocol,
+    pub count_tokens: bool,
+}
+
+impl CallClass {
+    /// Every class, in a fixed order.
+    pub const ALL: [CallClass; 8] = {
+        use WireProtocol as W;
+        const fn c(wire: WireProtocol, count_tokens: bool) -> CallClass {
+            CallClass { wire, count_tokens }
+        }
+        [
+            c(W::AnthropicMessages, false),
+            c(W::AnthropicMessages, true),
+            c(W::OpenaiResponses, false),
+            c(W::OpenaiResponses, true),
+            c(W::BedrockInvoke, false),
+            c(W::BedrockInvoke, true),
+            c(W::Gemini, false),
+            c(W::Gemini, true),
+        ]
+    };
+
+    /// The class of a call admit accepted.
+    pub fn of(wire: WireProtocol, operation: Operation) -> CallClass {
+        CallClass {
+            wire,
+            count_tokens: operation == Operation::CountTokens,
+        }
+    }
+
+    /// Whether `target` can serve calls of this class: its upstream kind speaks the wire,
+    /// and has a count_tokens when the call is one.
+    pub fn serves(self, snap: &Snapshot, target: &Target) -> bool {
+        can_serve(snap, target, self.wire)
+            && !(self.count_tokens
+                && snap.upstreams.get(&target.upstream).is_some_and(|u| {
+                    matches!(u.kind, UpstreamKind::Bedrock | UpstreamKind::Vertex)
+                }))
+    }
+}
+
+/// Every aggregate cluster of `route` (the alias `alias` in `scope`): (name, first pick,
+/// sub-clusters in failover order). The untagged ones walk every target; for each set of
+/// targets a [`CallClass`] can use, when that is some but not all of them,
+/// `<name>~only-<indices>` ones walk only those. The xDS translator and the standalone
+/// bootstrap render exactly these.
+pub fn route_aggregates(
+    snap: &Snapshot,
+    scope: RouteScope<'_>,
+    alias: &str,
+    route: &[Target],
+) -> Vec<(String, usize, Vec<String>)> {
+    let mut out: Vec<(String, usize, Vec<String>)> = failover_orders(route, alias)
+        .into_iter()
+        .map(|(i, names)| (aggregate_cluster(scope, alias, i), i, names))
+        .collect();
+    let mut subsets: Vec<Vec<bool>> = Vec::new();
+    for class in CallClass::ALL {
+        let keep: Vec<bool> = route.iter().map(|t| class.serves(snap, t)).collect();
+        if keep.iter().all(|k| *k) || !keep.iter().any(|k| *k) || subsets.contains(&keep) {
+            continue;
+        }
+        for (i, names) in failover_orders_where(route, alias, &keep) {
+            let name = format!(
+                "{}~{}",
+                aggregate_cluster(scope, alias, i),
+                subset_tag(&keep)
+            );
+            out.push((name, i, names));
+        }
+        subsets.push(keep);
+    }
+    out
+}
+
+/// `only-<i>.<j>...`: the indices of the kept targets.
+fn subset_tag(keep: &[bool]) -> String {
+    let indices: Vec<String> = keep
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k)
+        .map(|(i, _)| i.to_string())
+        .collect();
+    format!("only-{}", indices.join("."))
+}
+
+/// The aggregate the filter names for a call of `class` to `alias` in `scope` whose first
+/// pick is `first_pick`: one of [`route_aggregates`].
+pub fn call_aggregate(
+    snap: &Snapshot,
+    scope: RouteScope<'_>,
+    alias: &str,
+    route: &[Target],
+    first_pick: usize,
+    class: CallClass,
+) -> String {
+    let name = aggregate_cluster(scope, alias, first_pick);
+    let keep: Vec<bool> = route.iter().map(|t| class.serves(snap, t)).collect();
+    if keep.iter().all(|k| *k) {
+        name
+    } else {
+        format!("{name}~{}", subset_tag(&keep))
+    }
 }
 
 /// The one-endpoint sub-cluster of `target`.
@@ -161,6 +294,48 @@ mod tests {
         assert_eq!(
             aggregate_cluster(RouteScope::Toggle { toggle: "t.x" }, "a-1", 10),
             "g~t.x~a-1-10"
+        );
+    }
+
+    #[test]
+    fn a_class_that_cannot_use_every_target_gets_aggregates_that_skip_the_others() {
+        let doc = serde_json::json!({
+            "schema": 1, "org": "o", "protocols": {}, "rings": [], "experiments": [], "toggles": [],
+            "upstreams": {
+                "bedrock": {"url": "https://bedrock-runtime.us-east-1.amazonaws.com", "kind": "bedrock", "region": "us-east-1"},
+                "anthropic": {"url": "https://api.anthropic.com", "kind": "anthropic"},
+            },
+            "models": {"opus": [
+                {"upstream": "bedrock", "model": "b"},
+                {"upstream": "anthropic", "model": "a", "priority": 1},
+            ]},
+        });
+        let snap = Snapshot::from_bytes(doc.to_string().as_bytes()).expect("snapshot");
+        let route = &snap.models["opus"];
+        let (b, a) = (target_cluster(&route[0]), target_cluster(&route[1]));
+        let aggs = route_aggregates(&snap, RouteScope::Gateway, "opus", route);
+        let find = |name: &str| {
+            aggs.iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, i, c)| (*i, c.clone()))
+        };
+        // Messages: both serve; Bedrock first, Anthropic after it.
+        assert_eq!(find("opus-0"), Some((0, vec![b.clone(), a.clone()])));
+        // count_tokens: Bedrock has none, so its aggregate walks Anthropic only.
+        assert_eq!(find("opus-1~only-1"), Some((1, vec![a.clone()])));
+        assert_eq!(find("opus-0~only-1"), None);
+        // openai-responses can use Anthropic only too: the same aggregate. gemini: nobody.
+        assert_eq!(aggs.len(), 3, "{aggs:?}");
+        // The filter names the same ones.
+        let messages = CallClass::of(WireProtocol::AnthropicMessages, Operation::Messages);
+        let count = CallClass::of(WireProtocol::AnthropicMessages, Operation::CountTokens);
+        assert_eq!(
+            call_aggregate(&snap, RouteScope::Gateway, "opus", route, 0, messages),
+            "opus-0"
+        );
+        assert_eq!(
+            call_aggregate(&snap, RouteScope::Gateway, "opus", route, 1, count),
+            "opus-1~only-1"
         );
     }
 

@@ -5,7 +5,7 @@
 //! signature with aws-sigv4) and injects keys read from Envoy's environment.
 
 use halo_e2e::bedrock::{ACCESS_KEY, FakeBedrock, SECRET_KEY, STREAM_EVENTS};
-use halo_e2e::{Gateway, GatewayOptions, Issuer, Provider, bearer};
+use halo_e2e::{Behaviour, Gateway, GatewayOptions, Issuer, Provider, bearer};
 use halo_policy::Snapshot;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -52,6 +52,7 @@ struct Fixture {
     bedrock: FakeBedrock,
     bedrock_down: FakeBedrock,
     anthropic: Provider,
+    anthropic_down: Provider,
     azure: Provider,
     _issuer: Issuer,
     _home: tempfile::TempDir,
@@ -71,6 +72,7 @@ async fn fixture_with(aws_credentials: bool, settings: Value) -> Fixture {
     let bedrock = FakeBedrock::start(REGION, StatusCode::OK).await;
     let bedrock_down = FakeBedrock::start(REGION, StatusCode::SERVICE_UNAVAILABLE).await;
     let anthropic = Provider::start("anthropic").await;
+    let anthropic_down = Provider::behaving("anthropic-down", Behaviour::Status(503)).await;
     let azure = Provider::start("azure").await;
     let doc = json!({
         "schema": 1,
@@ -83,6 +85,7 @@ async fn fixture_with(aws_credentials: bool, settings: Value) -> Fixture {
             "bedrock-down": {"url": bedrock_down.url, "kind": "bedrock", "region": REGION},
             "anthropic": {"url": anthropic.url, "kind": "anthropic",
                           "credential": {"env": "HALO_TEST_ANTHROPIC_KEY"}},
+            "anthropic-down": {"url": anthropic_down.url, "kind": "anthropic"},
             "azure": {"url": azure.url, "kind": "azure-openai",
                       "credential": {"env": "HALO_TEST_AZURE_KEY"}},
         },
@@ -93,6 +96,13 @@ async fn fixture_with(aws_credentials: bool, settings: Value) -> Fixture {
                 {"upstream": "anthropic", "model": ANTHROPIC_MODEL, "priority": 1},
             ],
             "codex": [{"upstream": "azure", "model": "gpt-5-deployment"}],
+            // Anthropic (down) first, then Bedrock, which has no count_tokens, then
+            // Anthropic again.
+            "mixed": [
+                {"upstream": "anthropic-down", "model": "first-choice"},
+                {"upstream": "bedrock", "model": BEDROCK_MODEL, "priority": 1},
+                {"upstream": "anthropic", "model": ANTHROPIC_MODEL, "priority": 2},
+            ],
         },
         "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
         "experiments": [],
@@ -115,6 +125,7 @@ async fn fixture_with(aws_credentials: bool, settings: Value) -> Fixture {
         bedrock,
         bedrock_down,
         anthropic,
+        anthropic_down,
         azure,
         _issuer: issuer,
         _home: home,
@@ -290,4 +301,41 @@ async fn a_bedrock_upstream_on_a_non_aws_host_with_a_region_is_502_and_never_sig
             .contains("bedrock host 127.0.0.1 is neither an AWS host nor in signHosts"),
         "the error log names the host"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_skips_a_target_that_cannot_serve_the_call() {
+    let f = fixture(true).await;
+    // count_tokens: the first pick answers 503; Bedrock (next in the route) has no
+    // count_tokens, so the call goes on to the other Anthropic target, not to a 502.
+    let a =
+        f.gw.post(
+            "/v1/messages/count_tokens",
+            &f.headers(),
+            &json!({"model": "mixed", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["provider"], "anthropic");
+    assert_eq!(f.anthropic_down.count(), 1, "the first pick was tried");
+    assert_eq!(
+        f.bedrock.count(),
+        0,
+        "Bedrock was never asked for count_tokens"
+    );
+    let seen = f.anthropic.seen();
+    assert_eq!(
+        seen.last().map(|s| s.path.as_str()),
+        Some("/v1/messages/count_tokens")
+    );
+    assert_eq!(
+        seen.last().map(|s| s.json()["model"].clone()),
+        Some(json!(ANTHROPIC_MODEL))
+    );
+    // A messages call on the same alias still walks Bedrock after the first pick.
+    let a =
+        f.gw.post("/v1/messages", &f.headers(), &messages("mixed", false))
+            .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(f.bedrock.count(), 1, "messages fail over to Bedrock");
 }

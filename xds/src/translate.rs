@@ -10,7 +10,8 @@
 //! - one RouteConfiguration: every path goes to the cluster named by the `x-halo-route`
 //!   header (set by the filter), with the retry policy that walks the failover order;
 //! - one aggregate Cluster per (route, alias, first pick) listing sub-clusters in failover
-//!   order, named by [`halo_policy::cluster_names::aggregate_cluster`];
+//!   order, named by [`halo_policy::cluster_names::route_aggregates`] (plus per call class
+//!   aggregates that skip targets the class cannot use);
 //! - one one-endpoint Cluster per target (outlier detection = the breaker), named by
 //!   [`halo_policy::cluster_names::target_cluster`], its endpoint metadata carrying the
 //!   target's upstream, kind and model id under `halo` for per-attempt work.
@@ -22,9 +23,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use halo_envoy_config::credentials::{self, Hosts, TargetCredential};
-use halo_policy::cluster_names::{
-    aggregate_cluster, failover_orders, scoped_routes, target_cluster,
-};
+use halo_policy::cluster_names::{route_aggregates, scoped_routes, target_cluster};
 use halo_policy::{Snapshot, Target};
 use serde::{Deserialize, Serialize};
 
@@ -274,8 +273,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
                     slot.insert(plan_target(snap, settings, alias, target, name)?);
                 }
             }
-            for (first_pick, clusters) in failover_orders(route, alias) {
-                let name = aggregate_cluster(scope, alias, first_pick);
+            for (name, first_pick, clusters) in route_aggregates(snap, scope, alias, route) {
                 aggregates.insert(
                     name.clone(),
                     AggregatePlan {
@@ -469,7 +467,7 @@ mod tests {
             t("a", "p0y", 0),
             t("a", "p2", 2),
         ];
-        let orders = failover_orders(&route, "x");
+        let orders = halo_policy::cluster_names::failover_orders(&route, "x");
         let models = |i: usize| -> Vec<String> {
             orders[i]
                 .1
