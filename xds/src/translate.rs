@@ -68,6 +68,27 @@ pub struct GatewaySettings {
     /// Exact hosts besides the providers' own https domains that may receive a key
     /// (halo-proxy's `upstreamHosts`).
     pub upstream_hosts: Vec<String>,
+    /// The SDS file halo-credentials writes beside Envoy (`Bearer <token>`): every vertex
+    /// upstream's attempts get it as `Authorization`. Envoy reads it, not this server.
+    pub vertex_token_sds: Option<String>,
+    /// The secret's name in that file; default `halo-vertex-token`.
+    pub vertex_token_secret: Option<String>,
+    /// Per policy upstream name, headers set on its attempts (halo-proxy's
+    /// `upstreamHeaders`); `${VAR}` is read from Envoy's environment.
+    pub upstream_headers: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl GatewaySettings {
+    /// The credential settings as halo-envoy-config's renderers take them.
+    pub fn hosts(&self) -> Hosts {
+        Hosts {
+            sign_hosts: self.sign_hosts.clone(),
+            upstream_hosts: self.upstream_hosts.clone(),
+            vertex_token_sds: self.vertex_token_sds.clone(),
+            vertex_token_secret: self.vertex_token_secret.clone(),
+            upstream_headers: self.upstream_headers.clone(),
+        }
+    }
 }
 
 impl Default for GatewaySettings {
@@ -90,6 +111,9 @@ impl Default for GatewaySettings {
             killswitch_url: None,
             sign_hosts: Vec::new(),
             upstream_hosts: Vec::new(),
+            vertex_token_sds: None,
+            vertex_token_secret: None,
+            upstream_headers: BTreeMap::new(),
         }
     }
 }
@@ -222,6 +246,10 @@ pub struct TargetPlan {
     /// What this target's attempts get after the per-attempt stage.
     #[serde(skip)]
     pub credential: TargetCredential,
+    /// Its upstream's `upstreamHeaders` (name, value in Envoy's formatter syntax: an
+    /// environment variable's name, never its value).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
     /// [`Self::credential`] in words, for the golden files.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub credential_summary: String,
@@ -238,6 +266,8 @@ pub enum TranslateError {
     NoAttempts,
     #[error("settings: {0} {1:?} is not an absolute http(s) URL with a host")]
     BadServiceUrl(&'static str, String),
+    #[error("settings: {0}")]
+    Credentials(#[from] credentials::SettingsError),
 }
 
 fn service(what: &'static str, cluster: &str, uri: String) -> Result<ServicePlan, TranslateError> {
@@ -262,6 +292,8 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
     if settings.max_attempts == 0 {
         return Err(TranslateError::NoAttempts);
     }
+    let hosts = settings.hosts();
+    let headers = hosts.rendered_headers(|u| snap.upstreams.contains_key(u))?;
     let mut targets: BTreeMap<String, TargetPlan> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, AggregatePlan> = BTreeMap::new();
 
@@ -271,7 +303,9 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
                 let name = target_cluster(target);
                 if let std::collections::btree_map::Entry::Vacant(slot) = targets.entry(name) {
                     let name = slot.key().clone();
-                    slot.insert(plan_target(snap, settings, alias, target, name)?);
+                    let mut t = plan_target(snap, settings, alias, target, name)?;
+                    t.headers = headers.get(&target.upstream).cloned().unwrap_or_default();
+                    slot.insert(t);
                 }
             }
             for (first_pick, clusters) in failover_orders(route, alias) {
@@ -289,10 +323,6 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         }
     }
 
-    let hosts = Hosts {
-        sign_hosts: settings.sign_hosts.clone(),
-        upstream_hosts: settings.upstream_hosts.clone(),
-    };
     let mut secrets: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     let mut warnings = Vec::new();
     let used: std::collections::BTreeSet<&str> =
@@ -411,14 +441,12 @@ fn plan_target(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let hosts = Hosts {
-        sign_hosts: settings.sign_hosts.clone(),
-        upstream_hosts: settings.upstream_hosts.clone(),
-    };
-    let (credential, _) = credentials::target_credential(&target.upstream, upstream, &hosts);
+    let (credential, _) =
+        credentials::target_credential(&target.upstream, upstream, &settings.hosts());
     Ok(TargetPlan {
         credential_summary: summary(&credential),
         credential,
+        headers: Vec::new(),
         metadata,
         name,
         upstream: target.upstream.clone(),
@@ -443,6 +471,9 @@ fn summary(c: &TargetCredential) -> String {
             format!("refused: {host} may not be signed for")
         }
         TargetCredential::Key { header, secret, .. } => format!("{header} from secret {secret}"),
+        TargetCredential::Token { secret, sds_path } => {
+            format!("Authorization from secret {secret} in SDS file {sds_path}")
+        }
     }
 }
 
