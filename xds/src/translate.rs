@@ -560,4 +560,57 @@ mod tests {
         };
         assert_eq!(plan(&snap, &zero), Err(TranslateError::NoAttempts));
     }
+
+    #[test]
+    fn vertex_token_and_upstream_headers_are_planned_per_target() {
+        let mut snap = Snapshot {
+            schema: 1,
+            org: "o".into(),
+            identity: None,
+            protocols: BTreeMap::new(),
+            upstreams: BTreeMap::new(),
+            models: BTreeMap::from([("m".to_string(), vec![t("v", "claude", 0)])]),
+            rings: vec![],
+            experiments: vec![],
+            toggles: vec![],
+        };
+        snap.upstreams.insert(
+            "v".into(),
+            Upstream {
+                url: "https://us-east5-aiplatform.googleapis.com".into(),
+                kind: UpstreamKind::Vertex,
+                region: Some("us-east5".into()),
+                project: Some("p".into()),
+                api_version: None,
+                credential: None,
+            },
+        );
+        let mut s = GatewaySettings {
+            vertex_token_sds: Some("/run/halo/sds/vertex.json".into()),
+            upstream_headers: BTreeMap::from([(
+                "v".to_string(),
+                BTreeMap::from([("x-goog-user-project".to_string(), "${PROJ}".to_string())]),
+            )]),
+            ..GatewaySettings::default()
+        };
+        let p = plan(&snap, &s).expect("plans");
+        assert_eq!(
+            p.targets[0].credential_summary,
+            "Authorization from secret halo-vertex-token in SDS file /run/halo/sds/vertex.json"
+        );
+        assert_eq!(
+            p.targets[0].headers,
+            [(
+                "x-goog-user-project".to_string(),
+                "%ENVIRONMENT(PROJ)%".to_string()
+            )]
+        );
+        assert!(p.secrets.is_empty(), "Envoy reads the token file itself");
+        s.upstream_headers
+            .insert("nope".into(), BTreeMap::from([("x".into(), "y".into())]));
+        assert!(matches!(
+            plan(&snap, &s),
+            Err(TranslateError::Credentials(_))
+        ));
+    }
 }
