@@ -229,12 +229,13 @@ pub fn header_value(value: &str) -> Result<String, String> {
     while let Some(i) = rest.find(['$', '%']) {
         out.push_str(&rest[..i]);
         let tail = &rest[i..];
-        if tail.starts_with('%') {
+        if let Some(after) = tail.strip_prefix('%') {
             out.push_str("%%");
-            rest = &tail[1..];
+            rest = after;
         } else if let Some(after) = tail.strip_prefix("${") {
             let Some(end) = after.find('}') else {
-                return Err(format!("{value:?}: \"${{\" without a closing \"}}\""));
+                // Not the value: it may hold a literal secret.
+                return Err("\"${\" without a closing \"}\"".into());
             };
             let var = &after[..end];
             let valid = var
@@ -243,15 +244,16 @@ pub fn header_value(value: &str) -> Result<String, String> {
                 .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid {
-                return Err(format!(
-                    "${{{var}}} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
-                ));
+                return Err(
+                    "a ${...} does not hold an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+                        .into(),
+                );
             }
             out.push_str(&format!("%ENVIRONMENT({var})%"));
             rest = &after[end + 1..];
         } else {
             out.push('$');
-            rest = &tail[1..];
+            rest = tail.strip_prefix('$').unwrap_or(tail);
         }
     }
     out.push_str(rest);
