@@ -507,7 +507,7 @@ pub fn http_client() -> Result<reqwest::Client, Error> {
 mod tests {
     use super::*;
 
-    const KEY_PEM: &str = include_str!("../tests/data/test-sa-key.pem");
+    const KEY_PEM: &str = include_str!("../../testkit/data/google/test-sa-key.pem");
 
     fn key_json(extra: &str) -> String {
         let pem = serde_json::to_string(KEY_PEM).unwrap();

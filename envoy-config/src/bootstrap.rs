@@ -13,7 +13,9 @@ use halo_policy::Snapshot;
 use halo_policy::cluster_names;
 use serde_json::{Value, json};
 
-use crate::credentials::{self, Hosts, SecretDelivery, TargetCredential};
+use crate::credentials::{
+    self, AttemptTarget, Hosts, SecretDelivery, SettingsError, TargetCredential,
+};
 use crate::names;
 
 /// Default request body bound of model calls (the filter's default too).
@@ -46,6 +48,8 @@ pub enum RenderError {
     BadUrl { what: String, url: String },
     #[error("settings must be a JSON object")]
     Settings,
+    #[error(transparent)]
+    Credentials(#[from] SettingsError),
 }
 
 /// A parsed http(s) URL: what a cluster needs.
@@ -235,7 +239,8 @@ pub fn model_clusters(
     hosts: &Hosts,
 ) -> Result<ModelClusters, RenderError> {
     let mut out = ModelClusters::default();
-    let mut creds: BTreeMap<String, TargetCredential> = BTreeMap::new();
+    let headers = hosts.rendered_headers(|u| snap.upstreams.contains_key(u))?;
+    let mut creds: BTreeMap<String, AttemptTarget> = BTreeMap::new();
     let mut targets: BTreeMap<String, Value> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, Value> = BTreeMap::new();
     for (scope, routes) in cluster_names::scoped_routes(snap) {
@@ -285,7 +290,14 @@ pub fn model_clusters(
                 {
                     out.secrets.push(credentials::secret(secret, source));
                 }
-                creds.insert(name.clone(), cred);
+                creds.insert(
+                    name.clone(),
+                    AttemptTarget {
+                        cluster: name.clone(),
+                        credential: cred,
+                        headers: headers.get(&t.upstream).cloned().unwrap_or_default(),
+                    },
+                );
                 targets.insert(name, c);
             }
             for (name, _first_pick, clusters) in
@@ -304,11 +316,13 @@ pub fn model_clusters(
                     },
                 });
                 if let Some(wasm_path) = attempt_stage {
-                    let targets: Vec<(String, TargetCredential)> = clusters
+                    let targets: Vec<AttemptTarget> = clusters
                         .iter()
                         .map(|c| {
-                            let cred = creds.get(c).cloned().unwrap_or(TargetCredential::None);
-                            (c.clone(), cred)
+                            creds.get(c).cloned().unwrap_or_else(|| AttemptTarget {
+                                cluster: c.clone(),
+                                ..AttemptTarget::default()
+                            })
                         })
                         .collect();
                     aggregate["typed_extension_protocol_options"] =
@@ -475,7 +489,7 @@ pub const ATTEMPT_STAGE_CONFIGURATION: &str = r#"{"stage":"attempt"}"#;
 /// ([`credentials::attempt_chain`]), then the upstream codec. Upstream filters must sit on
 /// the aggregate: the ones on its sub-clusters do not run when a route goes through the
 /// aggregate (seen in Envoy 1.40). The protocol (HTTP/1.1) is the sub-clusters' default.
-pub fn attempt_protocol_options(wasm_path: &str, targets: &[(String, TargetCredential)]) -> Value {
+pub fn attempt_protocol_options(wasm_path: &str, targets: &[AttemptTarget]) -> Value {
     json!({
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -511,7 +525,7 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         return Err(RenderError::Settings);
     }
     let failover = Failover::default();
-    let hosts = Hosts::from_settings(&settings);
+    let hosts = Hosts::from_settings(&settings)?;
     if let Some(m) = settings.as_object_mut() {
         // Gateway settings for the renderer, not the filter's.
         for key in credentials::HOSTS_SETTINGS {
@@ -584,6 +598,8 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         },
     });
     let mut doc = json!({
+        // SDS from a file (the Vertex token) needs a node id and cluster.
+        "node": {"id": "halo", "cluster": "halo"},
         "admin": {"address": {"socket_address": {"address": opts.admin_address, "port_value": opts.admin_port}}},
         "stats_config": {"stats_tags": stats_tags()},
         "static_resources": {
@@ -606,14 +622,12 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
 
 /// Warnings about the policy's credentials the standalone bootstrap does not use.
 pub fn credential_warnings(snap: &Snapshot, settings: &Value) -> Vec<String> {
-    model_clusters(
-        snap,
-        &Failover::default(),
-        None,
-        &Hosts::from_settings(settings),
-    )
-    .map(|m| m.warnings)
-    .unwrap_or_default()
+    let Ok(hosts) = Hosts::from_settings(settings) else {
+        return Vec::new();
+    };
+    model_clusters(snap, &Failover::default(), None, &hosts)
+        .map(|m| m.warnings)
+        .unwrap_or_default()
 }
 
 /// The standalone bootstrap as the YAML file `halo envoy bootstrap` writes: a header

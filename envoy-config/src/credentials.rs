@@ -6,7 +6,11 @@
 //! Shared by the standalone bootstrap (secrets as static resources) and the xDS translator
 //! (secrets over ADS): the same JSON either way. No secret is ever in the configuration:
 //! a key is an Envoy `DataSource` naming the environment variable or file the policy's
-//! `credential` names; SigV4 uses Envoy's AWS default chain.
+//! `credential` names; SigV4 uses Envoy's AWS default chain; the Vertex token is the SDS
+//! file halo-credentials keeps fresh (`vertexTokenSds`); `upstreamHeaders` values name
+//! environment variables through Envoy's `%ENVIRONMENT(VAR)%` formatter.
+
+use std::collections::BTreeMap;
 
 use halo_policy::types::{Upstream, UpstreamKind};
 use serde_json::{Value, json};
@@ -31,7 +35,8 @@ pub const RESET_HEADERS: [&str; 8] = [
 ];
 
 /// Gateway settings read by the renderers (never by the filter): hosts besides the
-/// providers' own that may receive the gateway's credentials.
+/// providers' own that may receive the gateway's credentials, where the Vertex token is,
+/// and the operator's per-upstream headers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Hosts {
     /// `signHosts`: exact hosts (besides AWS's) that may receive a SigV4 signature.
@@ -39,14 +44,107 @@ pub struct Hosts {
     /// `upstreamHosts`: exact hosts (besides the providers' own domains) that may receive
     /// a key.
     pub upstream_hosts: Vec<String>,
+    /// `vertexTokenSds`: the SDS file halo-credentials writes (`Bearer <token>`); every
+    /// vertex upstream's attempts get it as `Authorization`.
+    pub vertex_token_sds: Option<String>,
+    /// `vertexTokenSecret`: the secret's name in that file (halo-credentials'
+    /// `--secret-name`); default [`DEFAULT_VERTEX_SECRET`].
+    pub vertex_token_secret: Option<String>,
+    /// `upstreamHeaders`: per policy upstream name, headers set on its attempts; values as
+    /// the operator wrote them (`${VAR}` expanded by Envoy, see [`header_value`]).
+    pub upstream_headers: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// The settings keys [`Hosts::from_settings`] reads; the renderers remove them from the
 /// settings the filter gets.
-pub const HOSTS_SETTINGS: [&str; 2] = ["signHosts", "upstreamHosts"];
+pub const HOSTS_SETTINGS: [&str; 5] = [
+    "signHosts",
+    "upstreamHosts",
+    "vertexTokenSds",
+    "vertexTokenSecret",
+    "upstreamHeaders",
+];
+
+/// halo-credentials' default `--secret-name`.
+pub const DEFAULT_VERTEX_SECRET: &str = "halo-vertex-token";
+
+/// Why the credential settings cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    #[error("settings.{key}: {why}")]
+    Shape { key: &'static str, why: String },
+    #[error("upstreamHeaders: {upstream:?} is not an upstream of the policy")]
+    UnknownUpstream { upstream: String },
+    #[error("upstreamHeaders.{upstream}.{header}: {why}")]
+    Header {
+        upstream: String,
+        header: String,
+        why: String,
+    },
+}
 
 impl Hosts {
-    pub fn from_settings(settings: &Value) -> Hosts {
+    /// Read the renderer's keys ([`HOSTS_SETTINGS`]) from the filter's `settings` object;
+    /// a key of the wrong shape is an error naming it.
+    pub fn from_settings(settings: &Value) -> Result<Hosts, SettingsError> {
+        let shape = |key: &'static str, why: &str| SettingsError::Shape {
+            key,
+            why: why.to_string(),
+        };
+        for key in ["signHosts", "upstreamHosts"] {
+            if let Some(v) = settings.get(key)
+                && !v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+            {
+                return Err(shape(key, "must be a list of host names"));
+            }
+        }
+        let text = |key: &'static str| -> Result<Option<String>, SettingsError> {
+            match settings.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+                Some(_) => Err(shape(key, "must be a non-empty string")),
+            }
+        };
+        let vertex_token_sds = text("vertexTokenSds")?;
+        if vertex_token_sds
+            .as_deref()
+            .is_some_and(|p| !p.starts_with('/'))
+        {
+            return Err(shape("vertexTokenSds", "must be an absolute path"));
+        }
+        let vertex_token_secret = text("vertexTokenSecret")?;
+        let mut upstream_headers = BTreeMap::new();
+        match settings.get("upstreamHeaders") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(ups)) => {
+                for (up, headers) in ups {
+                    let Some(headers) = headers.as_object() else {
+                        return Err(shape(
+                            "upstreamHeaders",
+                            &format!("{up}: must map header names to values"),
+                        ));
+                    };
+                    let mut out = BTreeMap::new();
+                    for (h, v) in headers {
+                        let Some(v) = v.as_str() else {
+                            return Err(SettingsError::Header {
+                                upstream: up.clone(),
+                                header: h.clone(),
+                                why: "the value must be a string".into(),
+                            });
+                        };
+                        out.insert(h.clone(), v.to_string());
+                    }
+                    upstream_headers.insert(up.clone(), out);
+                }
+            }
+            Some(_) => {
+                return Err(shape(
+                    "upstreamHeaders",
+                    "must map upstream names to {header: value}",
+                ));
+            }
+        }
         let list = |key: &str| -> Vec<String> {
             settings
                 .get(key)
@@ -59,11 +157,107 @@ impl Hosts {
                 })
                 .unwrap_or_default()
         };
-        Hosts {
+        Ok(Hosts {
             sign_hosts: list("signHosts"),
             upstream_hosts: list("upstreamHosts"),
+            vertex_token_sds,
+            vertex_token_secret,
+            upstream_headers,
+        })
+    }
+
+    /// Every upstream's headers as rendered by [`header_value`], checked against the
+    /// policy's upstream names: an unknown upstream, a header name Envoy may not set here,
+    /// or a malformed `${...}` is an error naming the upstream and the header.
+    pub fn rendered_headers(
+        &self,
+        mut known: impl FnMut(&str) -> bool,
+    ) -> Result<BTreeMap<String, Vec<(String, String)>>, SettingsError> {
+        let mut out = BTreeMap::new();
+        for (up, headers) in &self.upstream_headers {
+            if !known(up) {
+                return Err(SettingsError::UnknownUpstream {
+                    upstream: up.clone(),
+                });
+            }
+            let mut rendered = Vec::new();
+            for (h, v) in headers {
+                let err = |why: String| SettingsError::Header {
+                    upstream: up.clone(),
+                    header: h.clone(),
+                    why,
+                };
+                check_header_name(h).map_err(err)?;
+                rendered.push((h.to_ascii_lowercase(), header_value(v).map_err(err)?));
+            }
+            out.insert(up.clone(), rendered);
+        }
+        Ok(out)
+    }
+}
+
+/// A header name `upstreamHeaders` may set: an HTTP token, not a pseudo-header, not one
+/// Envoy or the gateway owns.
+fn check_header_name(name: &str) -> Result<(), String> {
+    let token = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$&'*+-.^_`|~".contains(&b));
+    if !token {
+        return Err("not a valid header name".into());
+    }
+    let lower = name.to_ascii_lowercase();
+    if matches!(
+        lower.as_str(),
+        "host" | "content-length" | "transfer-encoding" | "connection" | "te" | "upgrade"
+    ) || lower.starts_with("x-halo-")
+        || lower.starts_with("x-envoy-")
+    {
+        return Err("this header is set by Envoy or the gateway".into());
+    }
+    Ok(())
+}
+
+/// An `upstreamHeaders` value in Envoy's formatter syntax: each `${VAR}` becomes
+/// `%ENVIRONMENT(VAR)%` (read by Envoy from its own environment when it loads the
+/// configuration, so no secret value is in it), a literal `%` becomes `%%`. A `$` not
+/// followed by `{` is literal. `${` without `}`, or a name that is not
+/// `[A-Za-z_][A-Za-z0-9_]*`, is an error.
+pub fn header_value(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(i) = rest.find(['$', '%']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(after) = tail.strip_prefix('%') {
+            out.push_str("%%");
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("${") {
+            let Some(end) = after.find('}') else {
+                // Not the value: it may hold a literal secret.
+                return Err("\"${\" without a closing \"}\"".into());
+            };
+            let var = &after[..end];
+            let valid = var
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(
+                    "a ${...} does not hold an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+                        .into(),
+                );
+            }
+            out.push_str(&format!("%ENVIRONMENT({var})%"));
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = tail.strip_prefix('$').unwrap_or(tail);
         }
     }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Where a key is read at use time.
@@ -90,6 +284,9 @@ pub enum TargetCredential {
         secret: String,
         source: SecretSource,
     },
+    /// Google's access token (vertex) as `Authorization`, from the SDS file
+    /// halo-credentials keeps fresh (`Bearer <token>` in secret `secret`).
+    Token { secret: String, sds_path: String },
 }
 
 impl TargetCredential {
@@ -133,6 +330,7 @@ fn key_host_allowed(kind: UpstreamKind, host: &str, https: bool, hosts: &Hosts) 
             UpstreamKind::AzureOpenai => host.ends_with(".openai.azure.com"),
             UpstreamKind::Gemini => host == "generativelanguage.googleapis.com",
             UpstreamKind::Anthropic => host == "api.anthropic.com",
+            UpstreamKind::Vertex => host.ends_with(".googleapis.com"),
             _ => false,
         }
 }
@@ -201,8 +399,36 @@ pub fn target_credential(
                 None,
             )
         }
-        // Vertex (Google ADC token) is not rendered yet; orchestrator has none.
-        _ => (TargetCredential::None, None),
+        UpstreamKind::Vertex => {
+            let Some(sds_path) = &hosts.vertex_token_sds else {
+                return (
+                    TargetCredential::None,
+                    Some(format!(
+                        "upstream {name}: no vertexTokenSds (the SDS file halo-credentials writes); its requests carry no Google token"
+                    )),
+                );
+            };
+            if !key_host_allowed(UpstreamKind::Vertex, &host, ep.tls, hosts) {
+                return (
+                    TargetCredential::None,
+                    Some(format!(
+                        "upstream {name}: {host} is not an https *.googleapis.com host nor in upstreamHosts; no Google token is sent to it"
+                    )),
+                );
+            }
+            (
+                TargetCredential::Token {
+                    secret: hosts
+                        .vertex_token_secret
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_VERTEX_SECRET.to_string()),
+                    sds_path: sds_path.clone(),
+                },
+                None,
+            )
+        }
+        // The orchestrator handles provider auth itself (or gets upstreamHeaders).
+        UpstreamKind::Orchestrator => (TargetCredential::None, None),
     }
 }
 
@@ -276,15 +502,67 @@ pub enum SecretDelivery {
     Ads,
 }
 
-/// The filters one target's attempts get after the stage.
-pub fn target_filters(
-    cluster: &str,
-    cred: &TargetCredential,
-    delivery: SecretDelivery,
-) -> Vec<Value> {
-    match cred {
-        TargetCredential::None => Vec::new(),
-        TargetCredential::SigV4 { region } => vec![
+/// What one target's attempts get after the per-attempt stage.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttemptTarget {
+    /// The target's cluster name (the marker's value on its attempts).
+    pub cluster: String,
+    pub credential: TargetCredential,
+    /// `upstreamHeaders` of its upstream: (lowercase name, value in Envoy's formatter
+    /// syntax, [`header_value`]).
+    pub headers: Vec<(String, String)>,
+}
+
+impl AttemptTarget {
+    fn is_plain(&self) -> bool {
+        self.credential.is_none() && self.headers.is_empty()
+    }
+}
+
+fn header_mutation(name: &str, mutations: Vec<Value>) -> Value {
+    json!({"name": name, "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+        "mutations": {"request_mutations": mutations}}})
+}
+
+fn set_header(name: &str, value: &str) -> Value {
+    json!({"append": {
+        "header": {"key": name, "value": value},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}})
+}
+
+/// The filters one target's attempts get after the stage: its `upstreamHeaders` (first,
+/// so a signature covers them and the gateway's credential overwrites a header of the
+/// same name), then its credential.
+pub fn target_filters(target: &AttemptTarget, delivery: SecretDelivery) -> Vec<Value> {
+    let cluster = target.cluster.as_str();
+    let mut out = Vec::new();
+    if !target.headers.is_empty() {
+        let mutations = target
+            .headers
+            .iter()
+            .map(|(h, v)| set_header(h, v))
+            .collect();
+        out.push(only_for(
+            &format!("halo.headers.{cluster}"),
+            cluster,
+            header_mutation("envoy.filters.http.header_mutation", mutations),
+        ));
+    }
+    let injector = |generic: Value| {
+        only_for(
+            &format!("halo.credential.{cluster}"),
+            cluster,
+            json!({"name": "envoy.filters.http.credential_injector", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.credential_injector.v3.CredentialInjector",
+                // No credential (the secret not loaded): 401 from Envoy, nothing sent.
+                "overwrite": true,
+                "credential": {"name": "envoy.http.injected_credentials.generic", "typed_config": generic}}}),
+        )
+    };
+    match &target.credential {
+        TargetCredential::None => {}
+        TargetCredential::SigV4 { region } => out.extend([
             only_for(
                 &format!("halo.sign.{cluster}"),
                 cluster,
@@ -303,12 +581,12 @@ pub fn target_filters(
                 cluster,
                 lua(REQUIRE_SIGNATURE_LUA),
             ),
-        ],
-        TargetCredential::RefuseSigning { host } => vec![only_for(
+        ]),
+        TargetCredential::RefuseSigning { host } => out.push(only_for(
             &format!("halo.refuse.{cluster}"),
             cluster,
             lua(&refuse_signing_lua(host)),
-        )],
+        )),
         TargetCredential::Key {
             header,
             bearer,
@@ -327,35 +605,45 @@ pub fn target_filters(
             if *bearer {
                 generic["header_value_prefix"] = json!("Bearer ");
             }
-            vec![only_for(
-                &format!("halo.credential.{cluster}"),
-                cluster,
-                json!({"name": "envoy.filters.http.credential_injector", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.credential_injector.v3.CredentialInjector",
-                    "overwrite": true,
-                    "credential": {"name": "envoy.http.injected_credentials.generic", "typed_config": generic}}}),
-            )]
+            out.push(injector(generic));
         }
+        // The file is Envoy's own (beside it, written by halo-credentials) in both modes:
+        // Envoy reloads it when it is renamed over, so a rotated token needs no push.
+        TargetCredential::Token { secret, sds_path } => out.push(injector(json!({
+            "@type": "type.googleapis.com/envoy.extensions.http.injected_credentials.generic.v3.Generic",
+            "credential": {"name": secret, "sds_config": {
+                "path_config_source": {"path": sds_path},
+                "resource_api_version": "V3"}},
+            "header": "Authorization",
+        }))),
     }
+    out
 }
 
-/// The header_mutation every attempt starts with: reset [`RESET_HEADERS`], set the marker
-/// from the chosen endpoint's metadata.
-pub fn reset_filter() -> Value {
-    let mut mutations: Vec<Value> = RESET_HEADERS.iter().map(|h| json!({"remove": h})).collect();
-    mutations.push(json!({"append": {
-        "header": {"key": TARGET_HEADER, "value": "%UPSTREAM_METADATA(halo:target)%"},
-        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}));
-    json!({"name": "halo.attempt-reset", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-        "mutations": {"request_mutations": mutations}}})
+/// The header_mutation every attempt starts with: reset [`RESET_HEADERS`] and `extra`
+/// (the `upstreamHeaders` names of the aggregate's targets: one target's header must not
+/// reach the next attempt's target), set the marker from the chosen endpoint's metadata.
+pub fn reset_filter(extra: &[&str]) -> Value {
+    let mut names: Vec<&str> = RESET_HEADERS.to_vec();
+    for h in extra {
+        if !names.contains(h) {
+            names.push(h);
+        }
+    }
+    let mut mutations: Vec<Value> = names.iter().map(|h| json!({"remove": h})).collect();
+    mutations.push(set_header(
+        TARGET_HEADER,
+        "%UPSTREAM_METADATA(halo:target)%",
+    ));
+    header_mutation("halo.attempt-reset", mutations)
 }
 
 /// The header_mutation removing the marker before the request leaves.
 pub fn unmark_filter() -> Value {
-    json!({"name": "halo.attempt-unmark", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-        "mutations": {"request_mutations": [{"remove": TARGET_HEADER}]}}})
+    header_mutation(
+        "halo.attempt-unmark",
+        vec![json!({"remove": TARGET_HEADER})],
+    )
 }
 
 /// The upstream codec, last in every upstream filter chain.
@@ -366,20 +654,26 @@ pub fn codec_filter() -> Value {
     })
 }
 
-/// An aggregate's upstream filters: `[stage, codec]` when none of its targets (cluster,
-/// credential) has a credential, else `[reset, stage, each target's filters, unmark,
+/// An aggregate's upstream filters: `[stage, codec]` when none of its targets has a
+/// credential or `upstreamHeaders`, else `[reset, stage, each target's filters, unmark,
 /// codec]`.
 pub fn attempt_chain(
     stage: Value,
-    targets: &[(String, TargetCredential)],
+    targets: &[AttemptTarget],
     delivery: SecretDelivery,
 ) -> Vec<Value> {
-    if targets.iter().all(|(_, c)| c.is_none()) {
+    if targets.iter().all(AttemptTarget::is_plain) {
         return vec![stage, codec_filter()];
     }
-    let mut chain = vec![reset_filter(), stage];
-    for (cluster, cred) in targets {
-        chain.extend(target_filters(cluster, cred, delivery));
+    let mut extra: Vec<&str> = targets
+        .iter()
+        .flat_map(|t| t.headers.iter().map(|(h, _)| h.as_str()))
+        .collect();
+    extra.sort_unstable();
+    extra.dedup();
+    let mut chain = vec![reset_filter(&extra), stage];
+    for t in targets {
+        chain.extend(target_filters(t, delivery));
     }
     chain.push(unmark_filter());
     chain.push(codec_filter());
@@ -405,7 +699,7 @@ mod tests {
     fn bedrock_signs_only_for_aws_or_listed_hosts_with_a_region() {
         let hosts = Hosts {
             sign_hosts: vec!["bedrock.corp.example".into()],
-            upstream_hosts: vec![],
+            ..Hosts::default()
         };
         let c = |u: &Upstream| target_credential("b", u, &hosts).0;
         assert_eq!(
@@ -473,8 +767,8 @@ mod tests {
         assert!(w.is_some());
         u.url = "http://127.0.0.1:9".into();
         let hosts = Hosts {
-            sign_hosts: vec![],
             upstream_hosts: vec!["127.0.0.1".into()],
+            ..Hosts::default()
         };
         assert!(!target_credential("az", &u, &hosts).0.is_none());
     }
@@ -491,5 +785,143 @@ mod tests {
             s["generic_secret"]["secret"],
             json!({"environment_variable": "K"})
         );
+    }
+
+    #[test]
+    fn vertex_gets_the_token_file_only_on_googleapis_or_listed_hosts() {
+        let mut u = up(
+            "https://us-east5-aiplatform.googleapis.com",
+            UpstreamKind::Vertex,
+            Some("us-east5"),
+        );
+        let (c, w) = target_credential("v", &u, &Hosts::default());
+        assert_eq!(c, TargetCredential::None);
+        assert!(w.is_some_and(|w| w.contains("vertexTokenSds")));
+        let hosts = Hosts {
+            vertex_token_sds: Some("/run/halo/sds/vertex.json".into()),
+            ..Hosts::default()
+        };
+        assert_eq!(
+            target_credential("v", &u, &hosts),
+            (
+                TargetCredential::Token {
+                    secret: DEFAULT_VERTEX_SECRET.into(),
+                    sds_path: "/run/halo/sds/vertex.json".into()
+                },
+                None
+            )
+        );
+        for url in [
+            "http://us-east5-aiplatform.googleapis.com",
+            "https://googleapis.com.evil.example",
+            "http://127.0.0.1:9",
+        ] {
+            u.url = url.into();
+            let (c, w) = target_credential("v", &u, &hosts);
+            assert_eq!(c, TargetCredential::None, "{url}");
+            assert!(w.is_some(), "{url}");
+        }
+        let listed = Hosts {
+            upstream_hosts: vec!["127.0.0.1".into()],
+            ..hosts
+        };
+        assert!(matches!(
+            target_credential("v", &u, &listed).0,
+            TargetCredential::Token { .. }
+        ));
+        let t = AttemptTarget {
+            cluster: "c".into(),
+            credential: target_credential("v", &u, &listed).0,
+            headers: vec![],
+        };
+        let f = &target_filters(&t, SecretDelivery::Ads)[0];
+        let generic =
+            &f["typed_config"]["extension_config"]["typed_config"]["credential"]["typed_config"];
+        assert_eq!(generic["header"], "Authorization");
+        assert_eq!(
+            generic["credential"]["sds_config"]["path_config_source"]["path"],
+            "/run/halo/sds/vertex.json"
+        );
+    }
+
+    #[test]
+    fn header_values_name_environment_variables_never_values() {
+        assert_eq!(
+            header_value("${ANTHROPIC_API_KEY}").unwrap(),
+            "%ENVIRONMENT(ANTHROPIC_API_KEY)%"
+        );
+        assert_eq!(
+            header_value("Bearer ${T_1} 100% $x").unwrap(),
+            "Bearer %ENVIRONMENT(T_1)% 100%% $x"
+        );
+        assert_eq!(header_value("2023-06-01").unwrap(), "2023-06-01");
+        assert!(header_value("${OPEN").is_err());
+        assert!(header_value("${}").is_err());
+        assert!(header_value("${1X}").is_err());
+        assert!(header_value("${A-B}").is_err());
+    }
+
+    #[test]
+    fn upstream_headers_errors_name_the_upstream_and_header() {
+        let hosts = |v: Value| Hosts::from_settings(&json!({ "upstreamHeaders": v }));
+        let known = |u: &str| u == "anthropic";
+        let h = hosts(json!({"anthropic": {"X-Api-Key": "${K}"}})).unwrap();
+        assert_eq!(
+            h.rendered_headers(known).unwrap()["anthropic"],
+            vec![("x-api-key".to_string(), "%ENVIRONMENT(K)%".to_string())]
+        );
+        let e = hosts(json!({"nope": {"x-api-key": "${K}"}}))
+            .unwrap()
+            .rendered_headers(known)
+            .unwrap_err();
+        assert!(e.to_string().contains("\"nope\""), "{e}");
+        let e = hosts(json!({"anthropic": {"x-api-key": "${K"}}))
+            .unwrap()
+            .rendered_headers(known)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("upstreamHeaders.anthropic.x-api-key:"),
+            "{e}"
+        );
+        for bad in [":authority", "host", "x-halo-target", "bad header"] {
+            let e = hosts(json!({"anthropic": {bad: "v"}}))
+                .unwrap()
+                .rendered_headers(known)
+                .unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+        assert!(hosts(json!({"anthropic": {"x": 1}})).is_err());
+        assert!(hosts(json!(["x"])).is_err());
+        assert!(Hosts::from_settings(&json!({"vertexTokenSds": "relative.json"})).is_err());
+    }
+
+    #[test]
+    fn one_targets_headers_are_reset_before_every_attempt() {
+        let targets = [
+            AttemptTarget {
+                cluster: "a".into(),
+                credential: TargetCredential::None,
+                headers: vec![("x-org-key".into(), "%ENVIRONMENT(K)%".into())],
+            },
+            AttemptTarget {
+                cluster: "b".into(),
+                ..AttemptTarget::default()
+            },
+        ];
+        let chain = attempt_chain(json!({"name": "stage"}), &targets, SecretDelivery::Static);
+        let names: Vec<&str> = chain.iter().map(|f| f["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "halo.attempt-reset",
+                "stage",
+                "halo.headers.a",
+                "halo.attempt-unmark",
+                "envoy.filters.http.upstream_codec"
+            ]
+        );
+        let reset = chain[0]["typed_config"]["mutations"]["request_mutations"].to_string();
+        assert!(reset.contains(r#"{"remove":"x-org-key"}"#), "{reset}");
     }
 }

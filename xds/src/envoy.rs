@@ -46,7 +46,7 @@ use envoy_types::pb::google::protobuf::{
 };
 use prost::{Message, Name};
 
-use halo_envoy_config::credentials::{self, SecretDelivery, TargetCredential};
+use halo_envoy_config::credentials::{self, AttemptTarget, SecretDelivery, TargetCredential};
 
 use crate::cache::Resource;
 use crate::translate::{AggregatePlan, ListenerPlan, Plan, RoutePlan, ServicePlan, TargetPlan};
@@ -106,17 +106,16 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
         });
     }
     for a in &plan.aggregates {
-        let targets: Vec<(String, TargetCredential)> = a
+        let targets: Vec<AttemptTarget> = a
             .clusters
             .iter()
             .map(|c| {
-                let cred = plan
-                    .targets
-                    .iter()
-                    .find(|t| &t.name == c)
-                    .map(|t| t.credential.clone())
-                    .unwrap_or_default();
-                (c.clone(), cred)
+                let t = plan.targets.iter().find(|t| &t.name == c);
+                AttemptTarget {
+                    cluster: c.clone(),
+                    credential: t.map(|t| t.credential.clone()).unwrap_or_default(),
+                    headers: t.map(|t| t.headers.clone()).unwrap_or_default(),
+                }
             })
             .collect();
         out.push(Resource::new(
@@ -265,7 +264,7 @@ fn target_cluster_without_endpoint(t: &TargetPlan, upstream_ca_file: &str) -> Cl
 pub fn aggregate_cluster(
     a: &AggregatePlan,
     attempt_stage: Option<&str>,
-    targets: &[(String, TargetCredential)],
+    targets: &[AttemptTarget],
 ) -> Cluster {
     let config = ClusterConfig {
         clusters: a.clusters.clone(),
@@ -511,6 +510,7 @@ pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
         breaker: crate::translate::Breaker::default(),
         metadata: Vec::new(),
         credential: TargetCredential::None,
+        headers: Vec::new(),
         credential_summary: String::new(),
     };
     let mut c = target_cluster_without_endpoint(&target, upstream_ca_file);

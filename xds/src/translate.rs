@@ -67,6 +67,27 @@ pub struct GatewaySettings {
     /// Exact hosts besides the providers' own https domains that may receive a key
     /// (halo-proxy's `upstreamHosts`).
     pub upstream_hosts: Vec<String>,
+    /// The SDS file halo-credentials writes beside Envoy (`Bearer <token>`): every vertex
+    /// upstream's attempts get it as `Authorization`. Envoy reads it, not this server.
+    pub vertex_token_sds: Option<String>,
+    /// The secret's name in that file; default `halo-vertex-token`.
+    pub vertex_token_secret: Option<String>,
+    /// Per policy upstream name, headers set on its attempts (halo-proxy's
+    /// `upstreamHeaders`); `${VAR}` is read from Envoy's environment.
+    pub upstream_headers: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl GatewaySettings {
+    /// The credential settings as halo-envoy-config's renderers take them.
+    pub fn hosts(&self) -> Hosts {
+        Hosts {
+            sign_hosts: self.sign_hosts.clone(),
+            upstream_hosts: self.upstream_hosts.clone(),
+            vertex_token_sds: self.vertex_token_sds.clone(),
+            vertex_token_secret: self.vertex_token_secret.clone(),
+            upstream_headers: self.upstream_headers.clone(),
+        }
+    }
 }
 
 impl Default for GatewaySettings {
@@ -89,6 +110,9 @@ impl Default for GatewaySettings {
             killswitch_url: None,
             sign_hosts: Vec::new(),
             upstream_hosts: Vec::new(),
+            vertex_token_sds: None,
+            vertex_token_secret: None,
+            upstream_headers: BTreeMap::new(),
         }
     }
 }
@@ -221,6 +245,10 @@ pub struct TargetPlan {
     /// What this target's attempts get after the per-attempt stage.
     #[serde(skip)]
     pub credential: TargetCredential,
+    /// Its upstream's `upstreamHeaders` (name, value in Envoy's formatter syntax: an
+    /// environment variable's name, never its value).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
     /// [`Self::credential`] in words, for the golden files.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub credential_summary: String,
@@ -237,6 +265,8 @@ pub enum TranslateError {
     NoAttempts,
     #[error("settings: {0} {1:?} is not an absolute http(s) URL with a host")]
     BadServiceUrl(&'static str, String),
+    #[error("settings: {0}")]
+    Credentials(#[from] credentials::SettingsError),
 }
 
 fn service(what: &'static str, cluster: &str, uri: String) -> Result<ServicePlan, TranslateError> {
@@ -261,6 +291,8 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
     if settings.max_attempts == 0 {
         return Err(TranslateError::NoAttempts);
     }
+    let hosts = settings.hosts();
+    let headers = hosts.rendered_headers(|u| snap.upstreams.contains_key(u))?;
     let mut targets: BTreeMap<String, TargetPlan> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, AggregatePlan> = BTreeMap::new();
 
@@ -270,7 +302,9 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
                 let name = target_cluster(target);
                 if let std::collections::btree_map::Entry::Vacant(slot) = targets.entry(name) {
                     let name = slot.key().clone();
-                    slot.insert(plan_target(snap, settings, alias, target, name)?);
+                    let mut t = plan_target(snap, settings, alias, target, name)?;
+                    t.headers = headers.get(&target.upstream).cloned().unwrap_or_default();
+                    slot.insert(t);
                 }
             }
             for (name, first_pick, clusters) in route_aggregates(snap, scope, alias, route) {
@@ -287,10 +321,6 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         }
     }
 
-    let hosts = Hosts {
-        sign_hosts: settings.sign_hosts.clone(),
-        upstream_hosts: settings.upstream_hosts.clone(),
-    };
     let mut secrets: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     let mut warnings = Vec::new();
     let used: std::collections::BTreeSet<&str> =
@@ -409,14 +439,12 @@ fn plan_target(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    let hosts = Hosts {
-        sign_hosts: settings.sign_hosts.clone(),
-        upstream_hosts: settings.upstream_hosts.clone(),
-    };
-    let (credential, _) = credentials::target_credential(&target.upstream, upstream, &hosts);
+    let (credential, _) =
+        credentials::target_credential(&target.upstream, upstream, &settings.hosts());
     Ok(TargetPlan {
         credential_summary: summary(&credential),
         credential,
+        headers: Vec::new(),
         metadata,
         name,
         upstream: target.upstream.clone(),
@@ -441,6 +469,9 @@ fn summary(c: &TargetCredential) -> String {
             format!("refused: {host} may not be signed for")
         }
         TargetCredential::Key { header, secret, .. } => format!("{header} from secret {secret}"),
+        TargetCredential::Token { secret, sds_path } => {
+            format!("Authorization from secret {secret} in SDS file {sds_path}")
+        }
     }
 }
 
@@ -526,5 +557,58 @@ mod tests {
             ..GatewaySettings::default()
         };
         assert_eq!(plan(&snap, &zero), Err(TranslateError::NoAttempts));
+    }
+
+    #[test]
+    fn vertex_token_and_upstream_headers_are_planned_per_target() {
+        let mut snap = Snapshot {
+            schema: 1,
+            org: "o".into(),
+            identity: None,
+            protocols: BTreeMap::new(),
+            upstreams: BTreeMap::new(),
+            models: BTreeMap::from([("m".to_string(), vec![t("v", "claude", 0)])]),
+            rings: vec![],
+            experiments: vec![],
+            toggles: vec![],
+        };
+        snap.upstreams.insert(
+            "v".into(),
+            Upstream {
+                url: "https://us-east5-aiplatform.googleapis.com".into(),
+                kind: UpstreamKind::Vertex,
+                region: Some("us-east5".into()),
+                project: Some("p".into()),
+                api_version: None,
+                credential: None,
+            },
+        );
+        let mut s = GatewaySettings {
+            vertex_token_sds: Some("/run/halo/sds/vertex.json".into()),
+            upstream_headers: BTreeMap::from([(
+                "v".to_string(),
+                BTreeMap::from([("x-goog-user-project".to_string(), "${PROJ}".to_string())]),
+            )]),
+            ..GatewaySettings::default()
+        };
+        let p = plan(&snap, &s).expect("plans");
+        assert_eq!(
+            p.targets[0].credential_summary,
+            "Authorization from secret halo-vertex-token in SDS file /run/halo/sds/vertex.json"
+        );
+        assert_eq!(
+            p.targets[0].headers,
+            [(
+                "x-goog-user-project".to_string(),
+                "%ENVIRONMENT(PROJ)%".to_string()
+            )]
+        );
+        assert!(p.secrets.is_empty(), "Envoy reads the token file itself");
+        s.upstream_headers
+            .insert("nope".into(), BTreeMap::from([("x".into(), "y".into())]));
+        assert!(matches!(
+            plan(&snap, &s),
+            Err(TranslateError::Credentials(_))
+        ));
     }
 }
