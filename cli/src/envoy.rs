@@ -67,6 +67,11 @@ pub struct BootstrapArgs {
     /// Largest model-call body in bytes (default 32 MiB); larger is 413.
     #[arg(long, value_name = "BYTES")]
     max_body_bytes: Option<u64>,
+    /// YAML (or JSON) file with the gateway's credential settings: signHosts,
+    /// upstreamHosts, vertexTokenSds, vertexTokenSecret, upstreamHeaders (README,
+    /// "envoy bootstrap"). Unknown keys are errors.
+    #[arg(long, value_name = "FILE")]
+    gateway_settings: Option<PathBuf>,
     /// Output file (written atomically), or - for standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: PathBuf,
@@ -93,6 +98,32 @@ fn split_addr(what: &str, text: &str) -> anyhow::Result<(String, u16)> {
     ))
 }
 
+/// The credential settings the renderer reads (halo-envoy-config's `credentials`), as an
+/// operator writes them in `--gateway-settings`. Decoded strictly: a misspelt key is an
+/// error, not a setting silently ignored.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CredentialSettings {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sign_hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    upstream_hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vertex_token_sds: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vertex_token_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    upstream_headers:
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+}
+
+impl CredentialSettings {
+    fn from_yaml(text: &str) -> anyhow::Result<CredentialSettings> {
+        // serde-saphyr's message names the unknown or mistyped key and its line.
+        serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
 fn read(path: &Path, what: &str) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading the {what} {}", path.display()))
 }
@@ -115,6 +146,14 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
     }
     if let Some(max) = args.max_body_bytes {
         settings.insert("maxBodyBytes".into(), json!(max));
+    }
+    if let Some(path) = &args.gateway_settings {
+        let text = read(path, "gateway settings file")?;
+        let decoded =
+            CredentialSettings::from_yaml(&text).with_context(|| format!("{}", path.display()))?;
+        if let Value::Object(m) = serde_json::to_value(decoded).unwrap_or(Value::Null) {
+            settings.extend(m);
+        }
     }
     let mut secret = false;
     if let Some(url) = &args.killswitch_url {

@@ -112,3 +112,44 @@ fn plain_http_kill_list_needs_the_in_cluster_opt_in_and_opt_outs_warn() {
     let yaml = std::fs::read_to_string(&out).expect("written");
     assert!(yaml.contains("# WARNING: --allow-unverified"));
 }
+
+#[test]
+fn gateway_settings_from_a_file_reach_the_renderer_and_a_misspelt_key_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("envoy.yaml");
+    let settings = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &settings,
+        "upstreamHeaders:\n  llm-orchestrator:\n    x-api-key: \"${ORCH_KEY}\"\nupstreamHosts: [llm.acme.internal]\n",
+    )
+    .expect("settings");
+    let args = |settings: &str| {
+        vec![
+            "envoy".to_string(),
+            "bootstrap".into(),
+            "--policy-dir".into(),
+            "examples/acme-corp".into(),
+            "--gateway-settings".into(),
+            settings.to_string(),
+            "-o".into(),
+            out.to_str().expect("utf8").into(),
+        ]
+    };
+    let run = |a: Vec<String>| halo(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(args(settings.to_str().expect("utf8")));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let yaml = std::fs::read_to_string(&out).expect("written");
+    // The header's value is a reference to Envoy's environment, never a value.
+    assert!(yaml.contains("%ENVIRONMENT(ORCH_KEY)%"), "{yaml}");
+    // The renderer's settings do not reach the filter's configuration.
+    assert!(!yaml.contains("upstreamHeaders"));
+
+    std::fs::write(&settings, "upstreamHost: [x]\n").expect("settings");
+    let o = run(args(settings.to_str().expect("utf8")));
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("gateway.yaml") && err.contains("upstreamHost"),
+        "{err}"
+    );
+}
