@@ -273,3 +273,58 @@ async fn a_credential_reaches_its_target_through_sds_over_ads_and_nowhere_else()
         assert_eq!(seen.header("x-api-key"), None, "prov-a has no credential");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_credential_rotates_without_an_envoy_restart() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let dir = tempfile::tempdir().expect("key dir");
+    let key_file = dir.path().join("prov-b.key");
+    std::fs::write(&key_file, "key-one").expect("key");
+    let mut snap = test_snapshot(&issuer.url, &p);
+    if let Some(up) = snap.upstreams.get_mut("prov-b") {
+        up.credential = Some(halo_policy::types::Credential {
+            env: None,
+            file: Some(key_file.display().to_string()),
+        });
+    }
+    // "haiku" routes to prov-a; move it to prov-b so every call lands there.
+    if let Some(route) = snap.models.get_mut("haiku") {
+        route[0].upstream = "prov-b".into();
+    }
+    let (_cache, gw) = gateway(&snap, "gw-rotate").await;
+    let token = bearer(&issuer.token("rot@acme.test", &[]));
+    let key_seen = |want: &'static str| {
+        let gw = &gw;
+        let token = token.clone();
+        let p = &p;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let _ = gw
+                    .post("/v1/messages", &[("authorization", &token)], &msg("haiku"))
+                    .await;
+                if p.b
+                    .seen()
+                    .last()
+                    .and_then(|s| s.header("x-api-key").map(str::to_string))
+                    == Some(want.to_string())
+                {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "prov-b never got {want}; Envoy log:\n{}",
+                    gw.envoy.logs()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    key_seen("key-one").await;
+    // Rotate the way secret managers do: a new file moved over the old one.
+    let next = dir.path().join("prov-b.key.next");
+    std::fs::write(&next, "key-two").expect("next key");
+    std::fs::rename(&next, &key_file).expect("rotate");
+    key_seen("key-two").await;
+}
