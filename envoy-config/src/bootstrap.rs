@@ -39,6 +39,10 @@ pub struct Standalone {
     pub settings: Value,
     /// The kill-list URL (halo-server's GET /api/v1/gateway/killswitch).
     pub killswitch_url: Option<String>,
+    /// Where the SDS file of each provider key lives, as Envoy sees it
+    /// ([`standalone_secret_files`] gives their contents): a rotated key file is then used
+    /// without a restart. `None`: static secrets, read once when Envoy starts.
+    pub secrets_dir: Option<String>,
 }
 
 /// Why a bootstrap cannot be rendered.
@@ -237,6 +241,7 @@ pub fn model_clusters(
     failover: &Failover,
     attempt_stage: Option<&str>,
     hosts: &Hosts,
+    delivery: SecretDelivery<'_>,
 ) -> Result<ModelClusters, RenderError> {
     let mut out = ModelClusters::default();
     let headers = hosts.rendered_headers(|u| snap.upstreams.contains_key(u))?;
@@ -326,7 +331,7 @@ pub fn model_clusters(
                         })
                         .collect();
                     aggregate["typed_extension_protocol_options"] =
-                        attempt_protocol_options(wasm_path, &targets);
+                        attempt_protocol_options(wasm_path, &targets, delivery);
                 }
                 aggregates.insert(name, aggregate);
             }
@@ -489,7 +494,11 @@ pub const ATTEMPT_STAGE_CONFIGURATION: &str = r#"{"stage":"attempt"}"#;
 /// ([`credentials::attempt_chain`]), then the upstream codec. Upstream filters must sit on
 /// the aggregate: the ones on its sub-clusters do not run when a route goes through the
 /// aggregate (seen in Envoy 1.40). The protocol (HTTP/1.1) is the sub-clusters' default.
-pub fn attempt_protocol_options(wasm_path: &str, targets: &[AttemptTarget]) -> Value {
+pub fn attempt_protocol_options(
+    wasm_path: &str,
+    targets: &[AttemptTarget],
+    delivery: SecretDelivery<'_>,
+) -> Value {
     json!({
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -497,7 +506,7 @@ pub fn attempt_protocol_options(wasm_path: &str, targets: &[AttemptTarget]) -> V
             "http_filters": credentials::attempt_chain(
                 attempt_filter(wasm_path),
                 targets,
-                SecretDelivery::Static,
+                delivery,
             ),
         },
     })
@@ -532,7 +541,11 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             m.remove(key);
         }
     }
-    let model = model_clusters(snap, &failover, Some(&opts.wasm_path), &hosts)?;
+    let delivery = match &opts.secrets_dir {
+        Some(dir) => SecretDelivery::Files { dir },
+        None => SecretDelivery::Static,
+    };
+    let model = model_clusters(snap, &failover, Some(&opts.wasm_path), &hosts, delivery)?;
     let mut clusters = model.clusters;
     if let Some(url) = &opts.killswitch_url {
         let ep = endpoint("killswitch URL", url)?;
@@ -613,11 +626,36 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             "clusters": clusters,
         },
     });
-    if !model.secrets.is_empty() {
+    if !model.secrets.is_empty() && opts.secrets_dir.is_none() {
         // References to where each key is read (env or file), never a value.
         doc["static_resources"]["secrets"] = Value::Array(model.secrets);
     }
     Ok(doc)
+}
+
+/// With [`Standalone::secrets_dir`]: the SDS files the bootstrap reads its provider keys'
+/// references from, as (file name in that directory, JSON text). Write them (atomically)
+/// before starting Envoy; they hold env or file references, never a key.
+pub fn standalone_secret_files(
+    snap: &Snapshot,
+    opts: &Standalone,
+) -> Result<Vec<(String, String)>, RenderError> {
+    let Some(dir) = &opts.secrets_dir else {
+        return Ok(Vec::new());
+    };
+    let hosts = Hosts::from_settings(&opts.settings)?;
+    let model = model_clusters(
+        snap,
+        &Failover::default(),
+        Some(&opts.wasm_path),
+        &hosts,
+        SecretDelivery::Files { dir },
+    )?;
+    Ok(model
+        .secrets
+        .iter()
+        .filter_map(credentials::secret_file)
+        .collect())
 }
 
 /// Warnings about the policy's credentials the standalone bootstrap does not use.
@@ -625,9 +663,15 @@ pub fn credential_warnings(snap: &Snapshot, settings: &Value) -> Vec<String> {
     let Ok(hosts) = Hosts::from_settings(settings) else {
         return Vec::new();
     };
-    model_clusters(snap, &Failover::default(), None, &hosts)
-        .map(|m| m.warnings)
-        .unwrap_or_default()
+    model_clusters(
+        snap,
+        &Failover::default(),
+        None,
+        &hosts,
+        SecretDelivery::Static,
+    )
+    .map(|m| m.warnings)
+    .unwrap_or_default()
 }
 
 /// The standalone bootstrap as the YAML file `halo envoy bootstrap` writes: a header

@@ -495,11 +495,26 @@ end
     )
 }
 
-/// How a key's secret is found: a static secret of the bootstrap, or over ADS.
+/// How a key's secret is found: a static secret of the bootstrap (read once, at start),
+/// over ADS, or from an SDS file per secret in `dir` ([`secret_file`]), which Envoy watches
+/// together with the key file it names, so a rotated key is used without a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SecretDelivery {
+pub enum SecretDelivery<'a> {
     Static,
     Ads,
+    Files { dir: &'a str },
+}
+
+/// The SDS file of the secret `secret` (a [`secret`] value) for [`SecretDelivery::Files`]:
+/// its name in the directory and its JSON text. It holds the reference (env or file),
+/// never the key.
+pub fn secret_file(secret: &Value) -> Option<(String, String)> {
+    let name = secret.get("name")?.as_str()?;
+    let mut resource = secret.clone();
+    resource["@type"] =
+        json!("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret");
+    let doc = json!({"resources": [resource]});
+    Some((format!("{name}.json"), format!("{doc:#}\n")))
 }
 
 /// What one target's attempts get after the per-attempt stage.
@@ -534,7 +549,7 @@ fn set_header(name: &str, value: &str) -> Value {
 /// The filters one target's attempts get after the stage: its `upstreamHeaders` (first,
 /// so a signature covers them and the gateway's credential overwrites a header of the
 /// same name), then its credential.
-pub fn target_filters(target: &AttemptTarget, delivery: SecretDelivery) -> Vec<Value> {
+pub fn target_filters(target: &AttemptTarget, delivery: SecretDelivery<'_>) -> Vec<Value> {
     let cluster = target.cluster.as_str();
     let mut out = Vec::new();
     if !target.headers.is_empty() {
@@ -594,8 +609,17 @@ pub fn target_filters(target: &AttemptTarget, delivery: SecretDelivery) -> Vec<V
             ..
         } => {
             let mut credential = json!({"name": secret});
-            if delivery == SecretDelivery::Ads {
-                credential["sds_config"] = json!({"ads": {}, "resource_api_version": "V3"});
+            match delivery {
+                SecretDelivery::Static => {}
+                SecretDelivery::Ads => {
+                    credential["sds_config"] = json!({"ads": {}, "resource_api_version": "V3"});
+                }
+                SecretDelivery::Files { dir } => {
+                    credential["sds_config"] = json!({
+                        "path_config_source": {"path": format!("{}/{secret}.json", dir.trim_end_matches('/'))},
+                        "resource_api_version": "V3",
+                    });
+                }
             }
             let mut generic = json!({
                 "@type": "type.googleapis.com/envoy.extensions.http.injected_credentials.generic.v3.Generic",
@@ -660,7 +684,7 @@ pub fn codec_filter() -> Value {
 pub fn attempt_chain(
     stage: Value,
     targets: &[AttemptTarget],
-    delivery: SecretDelivery,
+    delivery: SecretDelivery<'_>,
 ) -> Vec<Value> {
     if targets.iter().all(AttemptTarget::is_plain) {
         return vec![stage, codec_filter()];

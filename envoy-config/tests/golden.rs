@@ -30,6 +30,7 @@ pub fn golden_options() -> Standalone {
             "pubkey": "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAREPLACEWITHTHEKILLSWITCHPUBLICKEYPEM000000=\n-----END PUBLIC KEY-----\n",
         }}),
         killswitch_url: Some("https://halo-server.acme.internal/api/v1/gateway/killswitch".into()),
+        secrets_dir: None,
     }
 }
 

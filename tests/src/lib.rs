@@ -564,6 +564,9 @@ pub struct GatewayOptions {
     /// Envoy's environment changes: `(name, Some(value))` sets, `(name, None)` removes
     /// (the AWS credential chain, key variables). Non-empty: one worker.
     pub env: Vec<(String, Option<String>)>,
+    /// Provider keys through SDS files written here (the bootstrap's `secrets_dir`),
+    /// instead of static secrets.
+    pub secrets_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for GatewayOptions {
@@ -575,6 +578,7 @@ impl Default for GatewayOptions {
             wasm_path: None,
             jwt_payload_key: None,
             env: Vec::new(),
+            secrets_dir: None,
         }
     }
 }
@@ -611,7 +615,17 @@ impl Gateway {
             jwks_uri: None,
             settings: opts.settings,
             killswitch_url: opts.killswitch_url,
+            secrets_dir: opts.secrets_dir.as_ref().map(|d| d.display().to_string()),
         };
+        if let Some(dir) = &opts.secrets_dir {
+            for (name, text) in
+                halo_envoy_config::bootstrap::standalone_secret_files(&snapshot, &boot)
+                    .expect("render secret files")
+            {
+                halo_fsutil::write_atomic(&dir.join(name), text.as_bytes(), 0o600)
+                    .expect("write secret file");
+            }
+        }
         let mut doc =
             halo_envoy_config::bootstrap::standalone(&snapshot, &boot).expect("render bootstrap");
         if let Some(key) = &opts.jwt_payload_key {

@@ -63,6 +63,7 @@ async fn a_bad_filter_configuration_refuses_to_start_naming_the_field() {
         jwks_uri: None,
         settings: serde_json::json!({"identity": {"trustedProxyCIDRs": ["10.0.0.0/33"]}}),
         killswitch_url: None,
+        secrets_dir: None,
     };
     let doc = halo_envoy_config::bootstrap::standalone(&snap, &opts).expect("render");
     let dir = tempfile_dir();

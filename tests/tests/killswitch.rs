@@ -46,9 +46,7 @@ async fn setup_with(pubkey: Option<String>, concurrency: u32) -> Setup {
             }}),
             killswitch_url: Some(kill.url.clone()),
             concurrency,
-            wasm_path: None,
-            jwt_payload_key: None,
-            env: Vec::new(),
+            ..GatewayOptions::default()
         },
     );
     Setup {

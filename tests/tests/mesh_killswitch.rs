@@ -156,6 +156,7 @@ async fn kill_reaches_routing(
         jwks_uri: None,
         settings: json!({}),
         killswitch_url: None,
+        secrets_dir: None,
     };
     let mut doc = halo_envoy_config::bootstrap::standalone(snap, &boot).expect("bootstrap");
     set_payload_key(&mut doc, payload_key);

@@ -167,6 +167,7 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
             jwks_uri: None,
             settings: settings.clone(),
             killswitch_url: None,
+            secrets_dir: None,
         },
     )
     .expect("renders")
@@ -210,4 +211,68 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
     assert_eq!(seen[0].header("x-operator-note"), None);
     assert_eq!(seen[0].header("anthropic-version"), Some("2023-01-01"));
     assert!(!gw.envoy.logs().contains(KEY), "Envoy logged the key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_key_rotates_without_an_envoy_restart_with_sds_files() {
+    let issuer = Issuer::start().await;
+    let provider = Provider::start("keyed").await;
+    let keys = tempfile::tempdir().expect("key dir");
+    let secrets = tempfile::tempdir().expect("secrets dir");
+    let key_file = keys.path().join("keyed.key");
+    std::fs::write(&key_file, "key-one").expect("key");
+    let doc = json!({
+        "schema": 1, "org": "rotate-org",
+        "identity": {"issuer": issuer.url, "audience": halo_e2e::AUDIENCE,
+                     "claims": {"user": "email", "groups": "groups"}},
+        "protocols": {"claude-code": "anthropic-messages"},
+        "upstreams": {"keyed": {"url": provider.url, "kind": "anthropic",
+                                "credential": {"file": key_file.display().to_string()}}},
+        "models": {"claude": [{"upstream": "keyed", "model": "m"}]},
+        "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
+        "experiments": [], "toggles": [],
+    });
+    let snap = Snapshot::from_bytes(doc.to_string().as_bytes()).expect("policy");
+    let gw = Gateway::start(
+        snap,
+        GatewayOptions {
+            settings: json!({"upstreamHosts": ["127.0.0.1"]}),
+            secrets_dir: Some(secrets.path().to_path_buf()),
+            ..GatewayOptions::default()
+        },
+    );
+    // The SDS file holds the reference, never the key.
+    let sds = std::fs::read_to_string(secrets.path().join("halo-credential-keyed.json"))
+        .expect("SDS file written");
+    assert!(sds.contains(&key_file.display().to_string()) && !sds.contains("key-one"));
+    let token = bearer(&issuer.token("dev@acme.test", &[]));
+    let body = json!({"model": "claude", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let last_key = || {
+        provider
+            .seen()
+            .last()
+            .and_then(|s| s.header("x-api-key").map(str::to_string))
+    };
+    let a = gw.post("/v1/messages", &claude_code(&token), &body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(last_key().as_deref(), Some("key-one"));
+    // Rotate the way secret managers do: a new file moved over the old one.
+    let next = keys.path().join("keyed.key.next");
+    std::fs::write(&next, "key-two").expect("next key");
+    std::fs::rename(&next, &key_file).expect("rotate");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let a = gw.post("/v1/messages", &claude_code(&token), &body).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        if last_key().as_deref() == Some("key-two") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rotated key never reached the provider; Envoy log:\n{}",
+            gw.envoy.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
