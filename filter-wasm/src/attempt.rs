@@ -49,7 +49,9 @@ pub const RESTORED_HEADERS: [&str; 4] = [
 ];
 
 /// Client headers carrying a credential: never sent to a credentialed kind, whatever
-/// forwardAuth says (the gateway's own credential is added after this stage).
+/// forwardAuth says (the gateway's own credential is added after this stage). With
+/// forwardAuth the request filter keeps them and notes them, so a pass-through target
+/// later in the failover order still gets them.
 pub const CLIENT_CREDENTIAL_HEADERS: [&str; 5] = [
     "authorization",
     "x-api-key",
@@ -226,10 +228,18 @@ pub fn translates(kind: UpstreamKind, wire: WireProtocol) -> bool {
 /// The plan for an attempt on `endpoint`. An endpoint without a model (a cluster not
 /// rendered by Halos) gets the request as the request filter left it.
 pub fn plan(note: &Note, endpoint: &Endpoint) -> Plan {
-    let restore = RESTORED_HEADERS
+    let mut restore: Vec<(&'static str, Option<String>)> = RESTORED_HEADERS
         .iter()
         .map(|h| (*h, note.header(h).map(str::to_string)))
         .collect();
+    // With forwardAuth the client's credential is in the note: put it back on every
+    // attempt (the credential chain's reset strips it from the shared header map), and
+    // take it off again below for kinds that get the gateway's own credential.
+    restore.extend(
+        CLIENT_CREDENTIAL_HEADERS
+            .iter()
+            .filter_map(|h| Some((*h, Some(note.header(h)?.to_string())))),
+    );
     let mut out = Plan {
         restore,
         path: note.path.clone(),
@@ -399,6 +409,24 @@ mod tests {
                 .contains(&("anthropic-beta", Some("b1,b2".into())))
         );
         assert!(p.restore.contains(&("content-type", None)));
+    }
+
+    #[test]
+    fn a_forwarded_client_credential_returns_for_pass_through_kinds_only() {
+        let mut note = messages_note("m-a");
+        note.headers.push(("x-api-key".into(), "client-key".into()));
+        let pass = plan(&note, &endpoint("m-a", "anthropic"));
+        assert!(
+            pass.restore
+                .contains(&("x-api-key", Some("client-key".into())))
+        );
+        assert!(!pass.remove.contains(&"x-api-key"));
+        // A credentialed kind: restored by the same loop, then removed before its own.
+        let keyed = plan(&note, &endpoint("m-b", "openai"));
+        assert!(keyed.remove.contains(&"x-api-key"));
+        // Without forwardAuth nothing was noted: nothing comes back.
+        let plain = plan(&messages_note("m-a"), &endpoint("m-a", "anthropic"));
+        assert!(plain.restore.iter().all(|(h, _)| *h != "x-api-key"));
     }
 
     #[test]

@@ -397,8 +397,11 @@ impl Http {
         if let Some(mut note) = forward.attempt_note.take() {
             // Every attempt starts from the client's values of the headers a translation
             // changes: an earlier attempt's changes stay in the shared header map.
+            // The client's credentials are still here only with forwardAuth (hygiene
+            // removed them otherwise): noted so each pass-through attempt gets them back.
             note.headers = attempt::RESTORED_HEADERS
                 .iter()
+                .chain(attempt::CLIENT_CREDENTIAL_HEADERS.iter())
                 .filter_map(|h| Some((h.to_string(), self.get_http_request_header(h)?)))
                 .collect();
             self.set_property(vec![ATTEMPT_PROPERTY], Some(note.encode().as_bytes()));

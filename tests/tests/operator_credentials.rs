@@ -276,3 +276,62 @@ async fn a_file_key_rotates_without_an_envoy_restart_with_sds_files() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_forward_auth_a_pass_through_target_after_a_keyed_one_gets_the_clients_key() {
+    let issuer = Issuer::start().await;
+    let keyed = Provider::behaving("keyed", Behaviour::Status(503)).await;
+    let pass = Provider::start("pass").await;
+    let doc = json!({
+        "schema": 1, "org": "forward-org",
+        "identity": {"issuer": issuer.url, "audience": halo_e2e::AUDIENCE,
+                     "claims": {"user": "email", "groups": "groups"}},
+        "protocols": {"codex": "openai-responses"},
+        "upstreams": {
+            "keyed": {"url": keyed.url, "kind": "openai", "credential": {"env": "HALO_TEST_OPENAI_KEY"}},
+            "pass": {"url": pass.url, "kind": "orchestrator"},
+        },
+        "models": {"gpt": [
+            {"upstream": "keyed", "model": "gpt-keyed"},
+            {"upstream": "pass", "model": "gpt-pass", "priority": 1},
+        ]},
+        "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
+        "experiments": [], "toggles": [],
+    });
+    let snap = Snapshot::from_bytes(doc.to_string().as_bytes()).expect("policy");
+    let gw = Gateway::start(
+        snap,
+        GatewayOptions {
+            settings: json!({"forwardAuth": true, "upstreamHosts": ["127.0.0.1"]}),
+            env: vec![(
+                "HALO_TEST_OPENAI_KEY".into(),
+                Some("gateway-openai-key".into()),
+            )],
+            ..GatewayOptions::default()
+        },
+    );
+    let token = bearer(&issuer.token("dev@acme.test", &[]));
+    let a = gw
+        .post(
+            "/v1/responses",
+            &[("authorization", &token), ("x-api-key", "client-own-key")],
+            &json!({"model": "gpt", "input": "hi"}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["provider"], "pass");
+    // The keyed (credentialed) target got the gateway's key, not the client's.
+    let k = keyed.seen();
+    assert_eq!(k.len(), 1);
+    assert_eq!(
+        k[0].header("authorization"),
+        Some("Bearer gateway-openai-key")
+    );
+    assert_eq!(k[0].header("x-api-key"), None);
+    // The pass-through target after it got the client's credentials back.
+    let p = pass.seen();
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].header("x-api-key"), Some("client-own-key"));
+    assert_eq!(p[0].header("authorization"), Some(token.as_str()));
+    assert_eq!(p[0].json()["model"], "gpt-pass");
+}
