@@ -433,13 +433,25 @@ pub fn filter_configuration(snap: &Snapshot, settings: &Value) -> Value {
 /// The halo wasm filter, configured with `{snapshot, settings}`; fails closed.
 pub fn wasm_filter(wasm_path: &str, snap: &Snapshot, settings: &Value) -> Value {
     let configuration = filter_configuration(snap, settings).to_string();
+    wasm_plugin("halo", wasm_path, &configuration)
+}
+
+/// The filter's per-attempt stage (`{"stage": "attempt"}`): the same module, run as an
+/// upstream HTTP filter, once per attempt, after Envoy picked the endpoint.
+pub fn attempt_filter(wasm_path: &str) -> Value {
+    wasm_plugin("halo-attempt", wasm_path, ATTEMPT_STAGE_CONFIGURATION)
+}
+
+/// An Envoy wasm HTTP filter running the halo module as plugin `name` (also its root id)
+/// with `configuration`. Both plugins share the VM (`vm_id: halo`, same code).
+fn wasm_plugin(name: &str, wasm_path: &str, configuration: &str) -> Value {
     json!({
         "name": "envoy.filters.http.wasm",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {
-                "name": "halo",
-                "root_id": "halo",
+                "name": name,
+                "root_id": name,
                 "fail_open": false,
                 // Pause on request headers must mean StopIteration (the body still reaches
                 // the filter, the headers wait for its decision), not proxy-wasm's default
@@ -453,33 +465,6 @@ pub fn wasm_filter(wasm_path: &str, snap: &Snapshot, settings: &Value) -> Value 
                 "configuration": {
                     "@type": "type.googleapis.com/google.protobuf.StringValue",
                     "value": configuration,
-                },
-            },
-        },
-    })
-}
-
-/// The filter's per-attempt stage (`{"stage": "attempt"}`): the same module, run as an
-/// upstream HTTP filter, once per attempt, after Envoy picked the endpoint.
-pub fn attempt_filter(wasm_path: &str) -> Value {
-    json!({
-        "name": "envoy.filters.http.wasm",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-            "config": {
-                "name": "halo-attempt",
-                "root_id": "halo-attempt",
-                "fail_open": false,
-                // As for the request filter: a paused attempt must still get its body.
-                "allow_on_headers_stop_iteration": true,
-                "vm_config": {
-                    "vm_id": "halo",
-                    "runtime": "envoy.wasm.runtime.v8",
-                    "code": {"local": {"filename": wasm_path}},
-                },
-                "configuration": {
-                    "@type": "type.googleapis.com/google.protobuf.StringValue",
-                    "value": ATTEMPT_STAGE_CONFIGURATION,
                 },
             },
         },
