@@ -85,14 +85,27 @@ impl Demo {
         }
     }
 
+    /// POST through Envoy with a real HTTP client: the filter may answer (401) before it
+    /// reads the body, and a probe client reading after `Connection: close` could then see
+    /// the kernel's reset instead of the answer.
     fn post(&self, token: Option<&str>, body: &str) -> http::Response {
-        let auth = token.map(|t| format!("Bearer {t}"));
-        let mut headers = vec![("content-type", "application/json")];
-        if let Some(a) = &auth {
-            headers.push(("authorization", a.as_str()));
+        // reqwest's rustls needs a process-wide provider; Err: already installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("http client");
+        let mut req = client
+            .post(format!("http://127.0.0.1:{}/v1/messages", self.port))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
         }
-        http::request(self.port, "POST", "/v1/messages", &headers, body.as_bytes())
-            .expect("Envoy answers")
+        let resp = req.send().unwrap_or_else(|e| panic!("Envoy answers: {e}"));
+        let status = resp.status().as_u16();
+        let body = resp.text().unwrap_or_else(|e| panic!("Envoy's body: {e}"));
+        http::Response { status, body }
     }
 }
 
