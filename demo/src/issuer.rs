@@ -5,9 +5,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine as _;
+use halo_testkit::es256;
 use p256::ecdsa::SigningKey;
-use p256::ecdsa::signature::Signer as _;
 use serde_json::{Value, json};
 
 /// The key id in the JWKS and in minted tokens.
@@ -35,10 +34,6 @@ impl std::fmt::Debug for DemoIssuer {
     }
 }
 
-fn b64url(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
 fn fresh_key() -> Result<SigningKey, IssuerError> {
     // A random 32-byte string is a valid P-256 scalar but for ~2^-128 of them: retry.
     for _ in 0..8 {
@@ -53,12 +48,7 @@ fn fresh_key() -> Result<SigningKey, IssuerError> {
 
 /// The JWKS holding the public half of `key`.
 fn jwks(key: &SigningKey) -> Value {
-    let public = p256::PublicKey::from(key.verifying_key());
-    let mut jwk: Value = serde_json::from_str(&public.to_jwk_string()).unwrap_or(Value::Null);
-    jwk["kid"] = json!(KID);
-    jwk["alg"] = json!("ES256");
-    jwk["use"] = json!("sig");
-    json!({"keys": [jwk]})
+    json!({"keys": [es256::jwk(key, KID)]})
 }
 
 impl DemoIssuer {
@@ -130,17 +120,6 @@ impl DemoIssuer {
         }
         body[user_claim] = json!(user);
         body[groups_claim] = json!(groups);
-        self.sign(&body)
-    }
-
-    fn sign(&self, claims: &Value) -> String {
-        let header = json!({"alg": "ES256", "typ": "JWT", "kid": KID});
-        let input = format!(
-            "{}.{}",
-            b64url(header.to_string().as_bytes()),
-            b64url(claims.to_string().as_bytes())
-        );
-        let signature: p256::ecdsa::Signature = self.key.sign(input.as_bytes());
-        format!("{input}.{}", b64url(&signature.to_bytes()))
+        es256::sign(&self.key, KID, &body)
     }
 }

@@ -8,6 +8,8 @@
 //! token endpoint, metadata server and Vertex ([`google`], tokio and axum).
 
 pub mod envoy;
+#[cfg(feature = "es256")]
+pub mod es256;
 #[cfg(feature = "google")]
 pub mod google;
 pub mod http;

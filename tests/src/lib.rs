@@ -23,11 +23,10 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use halo_policy::Snapshot;
 use halo_policy::killswitch::{self, KillPayload};
 use halo_testkit::envoy::Envoy;
-use p256::ecdsa::signature::Signer as _;
+use halo_testkit::es256;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -35,10 +34,6 @@ use tokio::sync::Notify;
 pub const AUDIENCE: &str = "api://halos";
 /// The gateway token the kill-list server expects.
 pub const KILL_TOKEN: &str = "gw-token-7f3a";
-
-fn b64url(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
 
 async fn serve(router: axum::Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -77,30 +72,10 @@ fn p256_key(seed: u8) -> p256::ecdsa::SigningKey {
     p256::ecdsa::SigningKey::from_slice(&[seed; 32]).expect("a valid P-256 scalar")
 }
 
-fn jwk(key: &p256::ecdsa::SigningKey, kid: &str) -> Value {
-    let public = p256::PublicKey::from(key.verifying_key());
-    let mut jwk: Value = serde_json::from_str(&public.to_jwk_string()).expect("jwk json");
-    jwk["kid"] = json!(kid);
-    jwk["alg"] = json!("ES256");
-    jwk["use"] = json!("sig");
-    jwk
-}
-
-fn sign_jwt(key: &p256::ecdsa::SigningKey, kid: &str, claims: &Value) -> String {
-    let header = json!({"alg": "ES256", "typ": "JWT", "kid": kid});
-    let input = format!(
-        "{}.{}",
-        b64url(header.to_string().as_bytes()),
-        b64url(claims.to_string().as_bytes())
-    );
-    let signature: p256::ecdsa::Signature = key.sign(input.as_bytes());
-    format!("{input}.{}", b64url(&signature.to_bytes()))
-}
-
 impl Issuer {
     pub async fn start() -> Issuer {
         let key = p256_key(0x11);
-        let jwks = json!({"keys": [jwk(&key, "k1")]});
+        let jwks = json!({"keys": [es256::jwk(&key, "k1")]});
         let router = axum::Router::new().route(
             "/.well-known/jwks.json",
             axum::routing::get(move || {
@@ -132,12 +107,12 @@ impl Issuer {
 
     /// Sign arbitrary claims with the issuer's key.
     pub fn mint(&self, claims: &Value) -> String {
-        sign_jwt(&self.key, "k1", claims)
+        es256::sign(&self.key, "k1", claims)
     }
 
     /// The same claims signed by a key the JWKS does not have (same kid).
     pub fn forge(&self, claims: &Value) -> String {
-        sign_jwt(&p256_key(0x22), "k1", claims)
+        es256::sign(&p256_key(0x22), "k1", claims)
     }
 }
 
