@@ -9,7 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use halo_policy::Snapshot;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType, Status};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType};
 
 use crate::attempt::{self, ATTEMPT_PROPERTY, Endpoint, Note, Work};
 use crate::cidr;
@@ -795,7 +795,3 @@ impl Attempt {
         true
     }
 }
-
-// Status is re-exported for callers matching hostcall errors.
-#[allow(dead_code)]
-fn _status_is_used(_: Status) {}
