@@ -143,6 +143,24 @@ impl Envoy {
         })
     }
 
+    /// CPU time the Envoy process has used so far, all threads, from the scheduler's
+    /// per-task nanosecond counters (`/proc/<pid>/task/*/schedstat`; Linux only, `None`
+    /// elsewhere). Benchmarks divide its growth by the requests served: unlike latency on a
+    /// shared machine, it counts only Envoy's own work.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).ok()?;
+        let mut nanos: u64 = 0;
+        for task in tasks.flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            nanos += stat
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        Some(Duration::from_nanos(nanos))
+    }
+
     /// Whether the Envoy process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
