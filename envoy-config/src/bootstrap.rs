@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use halo_policy::Snapshot;
 use halo_policy::cluster_names;
+use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
 use serde_json::{Value, json};
 
 use crate::credentials::{
@@ -165,8 +166,9 @@ pub fn used_upstreams(snap: &Snapshot) -> BTreeSet<&str> {
 /// A target endpoint's `filter_metadata.halo`, sorted by key: what the per-attempt stage
 /// and the credential chain read (`target`: the target's cluster name, the marker the
 /// credential filters match; `model`, `kind`, `upstream`; and the upstream settings a
-/// translation reads: `region`, `project`, `apiVersion`, when set). The xDS translator
-/// writes the same pairs.
+/// translation reads: `region`, `project`, `apiVersion`, when set; and `attempt`, all the
+/// stage reads as one JSON value, [`EndpointFacts`]). The xDS translator writes the same
+/// pairs.
 pub fn target_metadata(
     cluster: &str,
     upstream_name: &str,
@@ -200,6 +202,19 @@ pub fn target_metadata(
             }
         }
     }
+    // The same facts in one value: what the per-attempt stage reads, in one call.
+    let facts = EndpointFacts {
+        model: model.to_string(),
+        kind: upstream
+            .map(|u| u.kind.as_str())
+            .unwrap_or_default()
+            .to_string(),
+        host: host.to_string(),
+        region: upstream.and_then(|u| u.region.clone()),
+        project: upstream.and_then(|u| u.project.clone()),
+        api_version: upstream.and_then(|u| u.api_version.clone()),
+    };
+    md.push((ENDPOINT_FACTS_KEY, facts.encode()));
     md.sort();
     md
 }

@@ -29,6 +29,7 @@
 //! changes. A client cannot set filter state.
 
 use halo_policy::admit::{ModelCall, ModelLocation, Operation};
+use halo_policy::cluster_names::EndpointFacts;
 use halo_policy::types::{Upstream, UpstreamKind, WireProtocol};
 use halo_providers::{Inbound, Outbound, Skip};
 use serde::{Deserialize, Serialize};
@@ -136,47 +137,18 @@ impl Note {
     }
 }
 
-/// The chosen endpoint's `filter_metadata.halo`, as far as the stage reads it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Endpoint {
-    pub model: Option<String>,
-    /// The host auto_host_rewrite gives the request after the upstream filters.
-    pub host: Option<String>,
-    pub kind: Option<String>,
-    pub region: Option<String>,
-    pub project: Option<String>,
-    pub api_version: Option<String>,
-}
-
-impl Endpoint {
-    /// The metadata keys, in the order [`Endpoint::from_values`] takes them.
-    pub const KEYS: [&'static str; 6] =
-        ["model", "kind", "region", "project", "apiVersion", "host"];
-
-    pub fn from_values(mut get: impl FnMut(&str) -> Option<String>) -> Endpoint {
-        let mut v = Self::KEYS.map(|k| get(k).filter(|s| !s.is_empty()));
-        Endpoint {
-            model: v[0].take(),
-            kind: v[1].take(),
-            region: v[2].take(),
-            project: v[3].take(),
-            api_version: v[4].take(),
-            host: v[5].take(),
-        }
-    }
-
-    fn upstream(&self) -> Option<Upstream> {
-        let kind: UpstreamKind =
-            serde_json::from_value(serde_json::Value::String(self.kind.clone()?)).ok()?;
-        Some(Upstream {
-            url: String::new(),
-            kind,
-            region: self.region.clone(),
-            project: self.project.clone(),
-            api_version: self.api_version.clone(),
-            credential: None,
-        })
-    }
+/// The upstream a translation needs, from the chosen endpoint's facts.
+fn upstream_of(facts: &EndpointFacts) -> Option<Upstream> {
+    let kind: UpstreamKind =
+        serde_json::from_value(serde_json::Value::String(facts.kind.clone())).ok()?;
+    Some(Upstream {
+        url: String::new(),
+        kind,
+        region: facts.region.clone(),
+        project: facts.project.clone(),
+        api_version: facts.api_version.clone(),
+        credential: None,
+    })
 }
 
 /// What an attempt needs besides the header reset.
@@ -206,13 +178,36 @@ pub struct Plan {
     pub restore: Vec<(&'static str, Option<String>)>,
     /// `:path` for this attempt (set when it differs from the current one).
     pub path: String,
-    /// `:authority` for this attempt, set before the credential filters sign it (Envoy's
-    /// auto_host_rewrite writes the same value only after the upstream filters).
+    /// `:authority` for an attempt that is SigV4-signed, set before the signer runs (Envoy's
+    /// auto_host_rewrite writes the same value, but only after the upstream filters).
     pub authority: Option<String>,
     /// Headers to remove, and every header starting with one of `remove_prefixes`.
     pub remove: Vec<&'static str>,
     pub remove_prefixes: Vec<&'static str>,
     pub work: Work,
+}
+
+impl Plan {
+    /// Whether this plan writes nothing into a request the request filter left as it is:
+    /// same `:path`, no work on the body, nothing to remove, no credential to put back,
+    /// no signing host. On the first attempt to the first pick this is the common case,
+    /// and the stage then skips every header write (each is a call out of the VM).
+    ///
+    /// The caller must also know that no earlier attempt changed the shared header map.
+    /// Every change an attempt makes that matters to a later one comes with another
+    /// `:path` (a translation, or a model in the path), so a `:path` equal to the note's
+    /// is that proof; a splice only drops `content-length`, which Envoy then frames.
+    pub fn keeps_filtered_request(&self, note: &Note) -> bool {
+        matches!(self.work, Work::None)
+            && self.path == note.path
+            && self.authority.is_none()
+            && self.remove.is_empty()
+            && self.remove_prefixes.is_empty()
+            && self
+                .restore
+                .iter()
+                .all(|(header, _)| RESTORED_HEADERS.contains(header))
+    }
 }
 
 /// Whether `kind` needs another request than the client's for `wire`.
@@ -225,9 +220,9 @@ pub fn translates(kind: UpstreamKind, wire: WireProtocol) -> bool {
     )
 }
 
-/// The plan for an attempt on `endpoint`. An endpoint without a model (a cluster not
-/// rendered by Halos) gets the request as the request filter left it.
-pub fn plan(note: &Note, endpoint: &Endpoint) -> Plan {
+/// The plan for an attempt on the endpoint described by `facts`. An endpoint without them
+/// (a cluster not rendered by Halos) gets the request as the request filter left it.
+pub fn plan(note: &Note, facts: Option<&EndpointFacts>) -> Plan {
     let mut restore: Vec<(&'static str, Option<String>)> = RESTORED_HEADERS
         .iter()
         .map(|h| (*h, note.header(h).map(str::to_string)))
@@ -243,15 +238,16 @@ pub fn plan(note: &Note, endpoint: &Endpoint) -> Plan {
     let mut out = Plan {
         restore,
         path: note.path.clone(),
-        authority: endpoint.host.clone(),
+        authority: None,
         remove: Vec::new(),
         remove_prefixes: Vec::new(),
         work: Work::None,
     };
-    let Some(model) = endpoint.model.as_deref() else {
+    let Some(facts) = facts else {
         return out;
     };
-    let upstream = endpoint.upstream();
+    let model = facts.model.as_str();
+    let upstream = upstream_of(facts);
     if let Some(u) = &upstream {
         let kind = u.kind;
         if !kind.serves(note.wire) {
@@ -272,6 +268,7 @@ pub fn plan(note: &Note, endpoint: &Endpoint) -> Plan {
         }
         if kind == UpstreamKind::Bedrock {
             out.remove_prefixes.extend(["x-amz-", "x-amzn-"]);
+            out.authority = Some(facts.host.clone()).filter(|h| !h.is_empty());
         }
         if translates(kind, note.wire) {
             out.work = Work::Translate {
@@ -371,12 +368,13 @@ mod tests {
         n
     }
 
-    fn endpoint(model: &str, kind: &str) -> Endpoint {
-        Endpoint {
-            model: Some(model.into()),
-            kind: Some(kind.into()),
+    fn endpoint(model: &str, kind: &str) -> EndpointFacts {
+        EndpointFacts {
+            model: model.into(),
+            kind: kind.into(),
+            host: format!("{kind}.example"),
             region: Some("us-east-1".into()),
-            ..Endpoint::default()
+            ..EndpointFacts::default()
         }
     }
 
@@ -400,7 +398,7 @@ mod tests {
     #[test]
     fn every_attempt_restores_the_clients_headers_and_path() {
         let note = messages_note("m-a");
-        let p = plan(&note, &endpoint("m-a", "anthropic"));
+        let p = plan(&note, Some(&endpoint("m-a", "anthropic")));
         assert_eq!(p.path, "/v1/messages");
         assert_eq!(p.work, Work::None);
         assert!(p.remove.is_empty(), "anthropic keeps forwarded auth");
@@ -415,17 +413,17 @@ mod tests {
     fn a_forwarded_client_credential_returns_for_pass_through_kinds_only() {
         let mut note = messages_note("m-a");
         note.headers.push(("x-api-key".into(), "client-key".into()));
-        let pass = plan(&note, &endpoint("m-a", "anthropic"));
+        let pass = plan(&note, Some(&endpoint("m-a", "anthropic")));
         assert!(
             pass.restore
                 .contains(&("x-api-key", Some("client-key".into())))
         );
         assert!(!pass.remove.contains(&"x-api-key"));
         // A credentialed kind: restored by the same loop, then removed before its own.
-        let keyed = plan(&note, &endpoint("m-b", "openai"));
+        let keyed = plan(&note, Some(&endpoint("m-b", "openai")));
         assert!(keyed.remove.contains(&"x-api-key"));
         // Without forwardAuth nothing was noted: nothing comes back.
-        let plain = plan(&messages_note("m-a"), &endpoint("m-a", "anthropic"));
+        let plain = plan(&messages_note("m-a"), Some(&endpoint("m-a", "anthropic")));
         assert!(plain.restore.iter().all(|(h, _)| *h != "x-api-key"));
     }
 
@@ -433,7 +431,8 @@ mod tests {
     fn another_model_of_a_pass_through_kind_is_spliced() {
         let body = br#"{"model":"m-a","max_tokens":1}"#;
         let note = messages_note("m-a");
-        let Work::Splice { start, end, model } = plan(&note, &endpoint("m-bb", "openai")).work
+        let Work::Splice { start, end, model } =
+            plan(&note, Some(&endpoint("m-bb", "openai"))).work
         else {
             panic!("a different model is a splice");
         };
@@ -442,7 +441,7 @@ mod tests {
         assert_eq!(rewrite_head(body, 0, 5, "x"), None);
         assert_eq!(rewrite_head(body, 9, 99, "x"), None);
         // No metadata: as the request filter left it.
-        assert_eq!(plan(&note, &Endpoint::default()).work, Work::None);
+        assert_eq!(plan(&note, None).work, Work::None);
     }
 
     #[test]
@@ -452,11 +451,14 @@ mod tests {
             "/model/a.m%3A0/invoke",
             "a.m:0",
         );
-        let p = plan(&note, &endpoint("b.m:1", "bedrock"));
+        let p = plan(&note, Some(&endpoint("b.m:1", "bedrock")));
         assert_eq!(p.path, "/model/b.m%3A1/invoke");
         assert_eq!(p.remove_prefixes, ["x-amz-", "x-amzn-"]);
         assert!(p.remove.contains(&"authorization"));
-        assert_eq!(plan(&note, &endpoint("a.m:0", "bedrock")).path, note.path);
+        assert_eq!(
+            plan(&note, Some(&endpoint("a.m:0", "bedrock"))).path,
+            note.path
+        );
     }
 
     #[test]
@@ -464,7 +466,7 @@ mod tests {
         let note = messages_note("m-a");
         let body = br#"{"model":"m-a","max_tokens":1,"stream":true,"messages":[]}"#;
         let Work::Translate { upstream, model } =
-            plan(&note, &endpoint("us.anthropic.claude:0", "bedrock")).work
+            plan(&note, Some(&endpoint("us.anthropic.claude:0", "bedrock"))).work
         else {
             panic!("bedrock translates the messages wire");
         };
@@ -487,16 +489,44 @@ mod tests {
     fn targets_that_cannot_serve_are_skipped() {
         let note = messages_note("m-a");
         assert!(matches!(
-            plan(&note, &endpoint("g", "gemini")).work,
+            plan(&note, Some(&endpoint("g", "gemini"))).work,
             Work::Skip(Skip::WireNotServed { .. })
         ));
         let mut count = note.clone();
         count.op = Operation::CountTokens;
-        let skip = plan(&count, &endpoint("m", "bedrock")).work;
+        let skip = plan(&count, Some(&endpoint("m", "bedrock"))).work;
         let Work::Skip(skip) = skip else {
             panic!("count_tokens is skipped for bedrock")
         };
         let reply: serde_json::Value = serde_json::from_slice(&skip_reply(&skip)).expect("json");
         assert_eq!(reply["error"]["type"], "bad_upstream");
+    }
+
+    #[test]
+    fn only_an_attempt_that_changes_nothing_skips_the_header_writes() {
+        let note = messages_note("m-a");
+        assert!(plan(&note, Some(&endpoint("m-a", "anthropic"))).keeps_filtered_request(&note));
+        assert!(plan(&note, None).keeps_filtered_request(&note));
+        // Another model (a splice), a translation, a signing host: work to do.
+        for (model, kind) in [("m-b", "anthropic"), ("m-a", "bedrock"), ("m-a", "vertex")] {
+            let p = plan(&note, Some(&endpoint(model, kind)));
+            assert!(!p.keeps_filtered_request(&note), "{model} on {kind}");
+        }
+        // A bedrock-wire client on its first pick: the signer needs the host first.
+        let bedrock = Note::in_path(
+            &call(WireProtocol::BedrockInvoke, Operation::Invoke, false),
+            "/model/a.m%3A0/invoke",
+            "a.m:0",
+        );
+        let p = plan(&bedrock, Some(&endpoint("a.m:0", "bedrock")));
+        assert_eq!(p.authority.as_deref(), Some("bedrock.example"));
+        assert!(!p.keeps_filtered_request(&bedrock));
+        // A forwarded client credential goes back on every attempt.
+        let mut forwarded = messages_note("m-a");
+        forwarded
+            .headers
+            .push(("x-api-key".into(), "client-key".into()));
+        let p = plan(&forwarded, Some(&endpoint("m-a", "anthropic")));
+        assert!(!p.keeps_filtered_request(&forwarded));
     }
 }

@@ -7,11 +7,12 @@ use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use halo_policy::Snapshot;
+use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType};
 
-use crate::attempt::{self, ATTEMPT_PROPERTY, Endpoint, Note, Work};
+use crate::attempt::{self, ATTEMPT_PROPERTY, Note, Work};
 use crate::cidr;
 use crate::config::{Config, IdentityMode, Plugin};
 use crate::hygiene;
@@ -299,6 +300,7 @@ impl RootContext for Root {
         Some(Box::new(Http {
             state: self.state.clone(),
             pending: None,
+            headers: Vec::new(),
             removals: Vec::new(),
             ring: None,
             variant: None,
@@ -313,6 +315,8 @@ impl RootContext for Root {
 struct Http {
     state: Shared,
     pending: Option<Pending>,
+    /// The request headers as they reached this filter, names lowercase.
+    headers: Vec<(String, String)>,
     removals: Vec<String>,
     ring: Option<String>,
     variant: Option<String>,
@@ -381,7 +385,12 @@ impl Http {
 
     fn apply(&mut self, mut forward: Forward, misconfigured: bool) {
         for name in &self.removals {
-            self.set_http_request_header(name, None);
+            // A stamp replaces a single client value anyway: one call instead of two.
+            let stamped = forward.stamps.iter().any(|(stamp, _)| stamp == name);
+            let sent = self.headers.iter().filter(|(n, _)| n == name).count();
+            if !(stamped && sent <= 1) {
+                self.set_http_request_header(name, None);
+            }
         }
         if let Some(path) = &forward.path {
             self.set_http_request_header(":path", Some(path));
@@ -399,10 +408,18 @@ impl Http {
             // changes: an earlier attempt's changes stay in the shared header map.
             // The client's credentials are still here only with forwardAuth (hygiene
             // removed them otherwise): noted so each pass-through attempt gets them back.
+            // Read from the headers kept at request-headers time, less what hygiene removed:
+            // nothing else changes them in between, and each read from Envoy is a call.
             note.headers = attempt::RESTORED_HEADERS
                 .iter()
                 .chain(attempt::CLIENT_CREDENTIAL_HEADERS.iter())
-                .filter_map(|h| Some((h.to_string(), self.get_http_request_header(h)?)))
+                .filter(|h| !self.removals.iter().any(|r| r == *h))
+                .filter_map(|h| {
+                    self.headers
+                        .iter()
+                        .find(|(n, _)| n == h)
+                        .map(|(n, v)| (n.clone(), v.clone()))
+                })
                 .collect();
             self.set_property(vec![ATTEMPT_PROPERTY], Some(note.encode().as_bytes()));
         }
@@ -459,8 +476,10 @@ impl HttpContext for Http {
             let claims = (cfg.identity.mode == Some(IdentityMode::Jwt))
                 .then(|| self.claims(cfg))
                 .flatten();
-            let peer = self
-                .get_property(vec!["source", "address"])
+            // Only trusted_header mode looks at the peer: no property call otherwise.
+            let peer = (cfg.identity.mode == Some(IdentityMode::TrustedHeader))
+                .then(|| self.get_property(vec!["source", "address"]))
+                .flatten()
                 .and_then(|b| String::from_utf8(b).ok())
                 .and_then(|a| cidr::peer_ip(&a));
             let header = |name: &str| {
@@ -483,6 +502,7 @@ impl HttpContext for Http {
             Err(unavailable())
         };
         drop(guard);
+        self.headers = headers;
         match head_result {
             Err(reply) => self.reply(reply),
             Ok(pending) => {
@@ -561,19 +581,23 @@ impl HttpContext for Attempt {
         else {
             return Action::Continue;
         };
-        let endpoint = Endpoint::from_values(|key| {
-            self.get_property(vec![
+        let facts = self
+            .get_property(vec![
                 "xds",
                 "upstream_host_metadata",
                 "filter_metadata",
                 "halo",
-                key,
+                ENDPOINT_FACTS_KEY,
             ])
-            .and_then(|b| String::from_utf8(b).ok())
-        });
-        let plan = attempt::plan(&note, &endpoint);
+            .and_then(|b| EndpointFacts::decode(&b));
+        let plan = attempt::plan(&note, facts.as_ref());
         if let Work::Skip(skip) = &plan.work {
             return self.skip(skip);
+        }
+        if plan.keeps_filtered_request(&note)
+            && self.get_http_request_header(":path").as_deref() == Some(note.path.as_str())
+        {
+            return Action::Continue;
         }
         for (name, value) in &plan.restore {
             self.set_http_request_header(name, value.as_deref());

@@ -263,6 +263,46 @@ pub fn target_cluster(target: &Target) -> String {
     format!("t~{}~{slug}~{hash8}", target.upstream)
 }
 
+/// The key of a target endpoint's `filter_metadata.halo` that holds [`EndpointFacts`]
+/// as one JSON string.
+pub const ENDPOINT_FACTS_KEY: &str = "attempt";
+
+/// What the filter's per-attempt stage needs to know about the endpoint Envoy picked,
+/// written by both renderers into the endpoint metadata under [`ENDPOINT_FACTS_KEY`].
+///
+/// One JSON string rather than one metadata key per field because each key is a separate
+/// property call out of the wasm VM, and each call costs about a microsecond of host
+/// plumbing on every attempt; the separate keys stay for operators and Envoy's formatters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EndpointFacts {
+    /// The target's model id.
+    pub model: String,
+    /// The upstream's kind (`anthropic`, `bedrock`, ...).
+    pub kind: String,
+    /// The host Envoy's `auto_host_rewrite` writes after the upstream filters.
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+}
+
+impl EndpointFacts {
+    /// The metadata value.
+    pub fn encode(&self) -> String {
+        // A struct of strings always serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Read a value written by [`EndpointFacts::encode`]; `None` for anything else.
+    pub fn decode(value: &[u8]) -> Option<EndpointFacts> {
+        serde_json::from_slice(value).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,5 +401,27 @@ mod tests {
                 &hex::encode(Sha256::digest("anthropic\nclaude-opus-4\n"))[..8]
             )
         );
+    }
+
+    #[test]
+    fn endpoint_facts_round_trip_and_refuse_anything_else() {
+        let facts = EndpointFacts {
+            model: "us.anthropic.claude:0".into(),
+            kind: "bedrock".into(),
+            host: "bedrock-runtime.us-east-1.amazonaws.com".into(),
+            region: Some("us-east-1".into()),
+            project: None,
+            api_version: None,
+        };
+        let encoded = facts.encode();
+        assert!(!encoded.contains("project"), "absent fields are left out");
+        assert_eq!(EndpointFacts::decode(encoded.as_bytes()), Some(facts));
+        for bad in [
+            &b""[..],
+            b"{}",
+            b"{\"model\":\"m\",\"kind\":\"k\",\"host\":\"h\",\"x\":1}",
+        ] {
+            assert_eq!(EndpointFacts::decode(bad), None);
+        }
     }
 }

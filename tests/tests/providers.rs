@@ -86,6 +86,7 @@ async fn fixture_with(aws_credentials: bool, settings: Value) -> Fixture {
             "anthropic": {"url": anthropic.url, "kind": "anthropic",
                           "credential": {"env": "HALO_TEST_ANTHROPIC_KEY"}},
             "anthropic-down": {"url": anthropic_down.url, "kind": "anthropic"},
+            "anthropic-plain": {"url": anthropic.url, "kind": "anthropic"},
             "azure": {"url": azure.url, "kind": "azure-openai",
                       "credential": {"env": "HALO_TEST_AZURE_KEY"}},
         },
@@ -102,6 +103,13 @@ async fn fixture_with(aws_credentials: bool, settings: Value) -> Fixture {
                 {"upstream": "anthropic-down", "model": "first-choice"},
                 {"upstream": "bedrock", "model": BEDROCK_MODEL, "priority": 1},
                 {"upstream": "anthropic", "model": ANTHROPIC_MODEL, "priority": 2},
+            ],
+            // The first and the last target share a model and need nothing from the
+            // stage; Bedrock, between them, rewrites the shared header map.
+            "same-model-again": [
+                {"upstream": "anthropic-down", "model": "shared-model"},
+                {"upstream": "bedrock-down", "model": BEDROCK_MODEL, "priority": 1},
+                {"upstream": "anthropic-plain", "model": "shared-model", "priority": 2},
             ],
         },
         "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
@@ -338,4 +346,42 @@ async fn a_failover_skips_a_target_that_cannot_serve_the_call() {
             .await;
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(f.bedrock.count(), 1, "messages fail over to Bedrock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_after_a_translated_one_starts_from_the_clients_request() {
+    let f = fixture(true).await;
+    // Attempt 3 goes to a target with the first pick's model and kind, so the stage has
+    // nothing of its own to write; but attempt 2 (Bedrock: translated, signed) changed the
+    // header map every attempt shares, and attempt 3 must not inherit that.
+    let a =
+        f.gw.post(
+            "/v1/messages",
+            &f.headers(),
+            &messages("same-model-again", false),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["provider"], "anthropic");
+    assert_eq!(f.anthropic_down.count(), 1, "the first pick was tried");
+    let down = f.bedrock_down.seen();
+    assert_eq!(down.len(), 1, "Bedrock was tried second");
+    assert_eq!(down[0].seen.path, BEDROCK_INVOKE);
+    let seen = f.anthropic.seen();
+    assert_eq!(seen.len(), 1);
+    let got = &seen[0];
+    assert_eq!(got.path, "/v1/messages");
+    assert_eq!(got.json()["model"], "shared-model");
+    assert_eq!(got.json().get("anthropic_version"), None);
+    assert_eq!(got.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(got.header("content-type"), Some("application/json"));
+    for leaked in [
+        "authorization",
+        "x-api-key",
+        "x-amz-date",
+        "x-amz-content-sha256",
+        "x-amz-security-token",
+    ] {
+        assert_eq!(got.header(leaked), None, "{leaked} reached the last target");
+    }
 }
