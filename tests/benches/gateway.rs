@@ -7,7 +7,8 @@
 //! Run: `cargo bench -p halo-e2e --bench gateway` (after building the filter module:
 //! `cargo build -p halo-filter --target wasm32-unknown-unknown --release`).
 //! Knobs: HALO_BENCH_SECS (default 5), HALO_BENCH_CONNS (default 4), HALO_BENCH_SIZES
-//! (KiB, comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the wasm filter alone).
+//! (KiB, comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the wasm filter alone),
+//! HALO_BENCH_REPS (interleaved repetitions of each cell, with the median; default 1).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,7 +102,20 @@ async fn load(
     }
 }
 
-fn bare_bootstrap(port: u16, admin: u16, upstream: &str) -> String {
+/// The Envoy without the filter: listener -> router -> the same cluster. With
+/// `read_in_full`, Envoy's buffer filter first holds each request until its last byte,
+/// as the halo filter must (the model decides the route): the store-and-forward floor.
+fn bare_bootstrap(port: u16, admin: u16, upstream: &str, read_in_full: bool) -> String {
+    let router = json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}});
+    let buffer = json!({"name": "envoy.filters.http.buffer", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+        "max_request_bytes": 33 * 1024 * 1024}});
+    let http_filters = if read_in_full {
+        vec![buffer, router]
+    } else {
+        vec![router]
+    };
     let ep = halo_envoy_config::bootstrap::endpoint("upstream", upstream).expect("url");
     let doc = json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
@@ -117,8 +131,7 @@ fn bare_bootstrap(port: u16, admin: u16, upstream: &str) -> String {
                         "stat_prefix": "bare",
                         "route_config": {"virtual_hosts": [{"name": "b", "domains": ["*"], "routes": [
                             {"match": {"prefix": "/"}, "route": {"cluster": "halo-upstream-prov-a", "timeout": "0s"}}]}]},
-                        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+                        "http_filters": http_filters,
                     },
                 }]}],
             }],
@@ -226,34 +239,45 @@ async fn main() {
         opts.settings = json!({"identity": {"mode": "none"}});
     }
     let gw = Gateway::start(snap, opts);
-    let bare_port = halo_testkit::free_port();
-    let bare_admin = halo_testkit::free_port();
-    let bare = tokio::task::block_in_place(|| {
-        Envoy::start(
-            &bare_bootstrap(bare_port, bare_admin, &sink.url),
-            bare_admin,
-        )
-    });
+    let start_bare = |read_in_full: bool| {
+        let port = halo_testkit::free_port();
+        let admin = halo_testkit::free_port();
+        let envoy = tokio::task::block_in_place(|| {
+            Envoy::start(&bare_bootstrap(port, admin, &sink.url, read_in_full), admin)
+        });
+        (envoy, format!("http://127.0.0.1:{port}/v1/messages"))
+    };
+    let (bare, bare_url) = start_bare(false);
+    let (buffered, buffered_url) = start_bare(true);
     let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
+    let reps: usize = std::env::var("HALO_BENCH_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
 
     println!(
-        "Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop"
+        "Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop, {reps} interleaved rep(s)"
     );
     println!(
-        "{:>8}  {:>9} {:>7} {:>7} {:>7}  {:>9} {:>7} {:>7} {:>7}  {:>6} {:>8} {:>8} {:>8}",
+        "Columns: bare Envoy | bare + buffer filter (reads each request in full, as halo must) | halo; cpu = Envoy CPU us per request"
+    );
+    println!(
+        "{:>7}  {:>6} {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>6} {:>6} {:>6} {:>6} | {:>5} {:>6} {:>6} {:>7}",
         "body",
-        "bare rps",
-        "p50 us",
-        "p99 us",
-        "cpu us",
-        "halo rps",
-        "p50 us",
-        "p99 us",
-        "cpu us",
+        "rps",
+        "p50",
+        "p99",
+        "cpu",
+        "p50",
+        "cpu",
+        "rps",
+        "p50",
+        "p99",
+        "cpu",
         "rps x",
-        "+p50 us",
-        "+p99 us",
-        "+cpu us"
+        "+p50",
+        "+cpu",
+        "+cpu/bf"
     );
     for kib in sizes_kib() {
         let label = if kib >= 1024 && kib % 1024 == 0 {
@@ -262,41 +286,62 @@ async fn main() {
             format!("{kib} KB")
         };
         let b = body(kib * 1024);
-        let bare_r = load(
-            &bare,
-            format!("http://127.0.0.1:{bare_port}/v1/messages"),
-            None,
-            b.clone(),
-            conns,
-            secs,
-        )
-        .await;
-        let halo_r = load(
-            &gw.envoy,
-            format!("{}/v1/messages", gw.base),
-            Some(token.clone()),
-            b,
-            conns,
-            secs,
-        )
-        .await;
-        println!(
-            "{:>8}  {:>9.0} {:>7.0} {:>7.0} {:>7.0}  {:>9.0} {:>7.0} {:>7.0} {:>7.0}  {:>6.2} {:>8.0} {:>8.0} {:>8.0}",
-            label,
-            bare_r.rps,
-            bare_r.p50_us,
-            bare_r.p99_us,
-            bare_r.cpu_us,
-            halo_r.rps,
-            halo_r.p50_us,
-            halo_r.p99_us,
-            halo_r.cpu_us,
-            halo_r.rps / bare_r.rps,
-            halo_r.p50_us - bare_r.p50_us,
-            halo_r.p99_us - bare_r.p99_us,
-            halo_r.cpu_us - bare_r.cpu_us
-        );
+        let mut added_p50 = Vec::new();
+        let mut added_cpu = Vec::new();
+        for _ in 0..reps {
+            let bare_r = load(&bare, bare_url.clone(), None, b.clone(), conns, secs).await;
+            let buf_r = load(
+                &buffered,
+                buffered_url.clone(),
+                None,
+                b.clone(),
+                conns,
+                secs,
+            )
+            .await;
+            let halo_r = load(
+                &gw.envoy,
+                format!("{}/v1/messages", gw.base),
+                Some(token.clone()),
+                b.clone(),
+                conns,
+                secs,
+            )
+            .await;
+            added_p50.push(halo_r.p50_us - bare_r.p50_us);
+            added_cpu.push(halo_r.cpu_us - bare_r.cpu_us);
+            println!(
+                "{:>7}  {:>6.0} {:>6.0} {:>6.0} {:>6.0} | {:>6.0} {:>6.0} | {:>6.0} {:>6.0} {:>6.0} {:>6.0} | {:>5.2} {:>6.0} {:>6.0} {:>7.0}",
+                label,
+                bare_r.rps,
+                bare_r.p50_us,
+                bare_r.p99_us,
+                bare_r.cpu_us,
+                buf_r.p50_us,
+                buf_r.cpu_us,
+                halo_r.rps,
+                halo_r.p50_us,
+                halo_r.p99_us,
+                halo_r.cpu_us,
+                halo_r.rps / bare_r.rps,
+                halo_r.p50_us - bare_r.p50_us,
+                halo_r.cpu_us - bare_r.cpu_us,
+                halo_r.cpu_us - buf_r.cpu_us,
+            );
+        }
+        if reps > 1 {
+            println!(
+                "{label:>7}  median over {reps} reps: +p50 {:.0} us, +cpu {:.0} us per request",
+                median(&mut added_p50),
+                median(&mut added_cpu)
+            );
+        }
     }
+    drop((bare, buffered));
     micro_rewrite();
-    drop(bare);
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
