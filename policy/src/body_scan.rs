@@ -1,0 +1,429 @@
+//! body_scan: one strict pass over a JSON request body that finds the top-level `"model"`
+//! and `"stream"` values and nothing else.
+//!
+//! Why it exists: the wasm filter reads every model call's body in full (coding tools send
+//! whole conversations, often a megabyte) and needs only two top-level fields, plus the byte
+//! span of `model` for the alias splice. A serde decode (even one that skips every other
+//! field) spent ~700 us natively per megabyte, mostly per-token overhead; this scanner walks
+//! the bytes once with no allocation, skipping string contents a word at a time.
+//!
+//! It must not be laxer than serde_json, because the gateway and the provider have to read
+//! the same document: a body one lenient parser reads differently from another could carry
+//! a model past the allowlist. So it accepts exactly what the previous
+//! `serde_json::from_slice` probe (model and stream as `&RawValue`, every other field
+//! `IgnoredAny`) accepted, with one deliberate exception, where it is stricter:
+//!
+//! - RFC 8259 grammar as serde_json 1.0.154 reads it: whitespace is space, tab, CR and LF
+//!   only; `true`/`false`/`null`; numbers `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+//!   (any magnitude: skipped numbers are never converted); strings refuse raw control
+//!   characters (bytes below 0x20) and every escape but `\" \\ \/ \b \f \n \r \t \uXXXX`;
+//!   no trailing commas; nothing but whitespace after the object.
+//! - Skipped strings are not checked for UTF-8 and their `\u` escapes may be lone
+//!   surrogates (serde's `ignore_str` does the same: JSON's structure is ASCII, so an
+//!   invalid byte inside a string cannot move a string boundary for any parser).
+//! - Top-level keys are decoded like serde's field identifiers: UTF-8 checked, and a key
+//!   with a backslash is decoded with serde_json (so lone surrogates are refused and
+//!   `"mod\u0065l"` is `model`). A second `model` or `stream`, however spelled, is refused.
+//! - The `model` and `stream` values are UTF-8 checked (as serde's `RawValue` is).
+//! - Stricter: nesting deeper than [`MAX_DEPTH`] containers is refused. serde's
+//!   `IgnoredAny` skips any depth; a provider decoding the body into a tree typically stops
+//!   at 128 (serde_json's `Value` does), and refusing here keeps the stack a fixed `u128`.
+
+use std::fmt;
+
+/// The deepest nesting accepted, counting the top-level object as 1: serde_json's
+/// recursion limit for a `Value` (it refuses the 128th nested container).
+pub const MAX_DEPTH: u32 = 127;
+
+/// Where the top-level fields admit reads sit in the body: `body[start..end]` is the raw
+/// JSON value (no surrounding whitespace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TopLevel {
+    pub model: Option<(usize, usize)>,
+    pub stream: Option<(usize, usize)>,
+}
+
+/// Why a body was refused. The message names the problem and a byte offset, never content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanError {
+    /// The first non-whitespace byte is not `{` (or the body is empty).
+    NotAnObject,
+    /// Not valid JSON (or a duplicated top-level `model`/`stream`) at byte `at`.
+    Invalid { at: usize, what: &'static str },
+}
+
+impl fmt::Display for ScanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScanError::NotAnObject => f.write_str("the request body is not a JSON object"),
+            ScanError::Invalid { at, what } => {
+                write!(f, "the request body is not valid JSON: {what} at byte {at}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScanError {}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Model,
+    Stream,
+    Other,
+}
+
+/// Scan `body`, which must be one JSON object, and locate its top-level `model` and `stream`.
+pub fn scan(body: &[u8]) -> Result<TopLevel, ScanError> {
+    let mut s = Scanner { b: body, i: 0 };
+    s.skip_ws();
+    if s.peek() != Some(b'{') {
+        return Err(ScanError::NotAnObject);
+    }
+    s.i += 1;
+    let mut out = TopLevel::default();
+    s.skip_ws();
+    if s.peek() == Some(b'}') {
+        s.i += 1;
+    } else {
+        loop {
+            if s.peek() != Some(b'"') {
+                return Err(s.err("expected a string key"));
+            }
+            let key_start = s.i;
+            s.i += 1;
+            let escaped = s.string()?;
+            let key = top_level_key(&body[key_start..s.i], escaped).map_err(|what| {
+                ScanError::Invalid {
+                    at: key_start,
+                    what,
+                }
+            })?;
+            s.colon()?;
+            let start = s.i;
+            s.value()?;
+            let slot = match key {
+                Key::Model => Some(&mut out.model),
+                Key::Stream => Some(&mut out.stream),
+                Key::Other => None,
+            };
+            if let Some(slot) = slot {
+                if slot.is_some() {
+                    let what = if key == Key::Model {
+                        "duplicate field \"model\""
+                    } else {
+                        "duplicate field \"stream\""
+                    };
+                    return Err(ScanError::Invalid {
+                        at: key_start,
+                        what,
+                    });
+                }
+                if std::str::from_utf8(&body[start..s.i]).is_err() {
+                    return Err(ScanError::Invalid {
+                        at: start,
+                        what: "invalid UTF-8",
+                    });
+                }
+                *slot = Some((start, s.i));
+            }
+            s.skip_ws();
+            match s.peek() {
+                Some(b',') => {
+                    s.i += 1;
+                    s.skip_ws();
+                }
+                Some(b'}') => {
+                    s.i += 1;
+                    break;
+                }
+                Some(_) => return Err(s.err("expected ',' or '}'")),
+                None => return Err(s.err("end of input inside the object")),
+            }
+        }
+    }
+    s.skip_ws();
+    if s.i != body.len() {
+        return Err(s.err("trailing characters"));
+    }
+    Ok(out)
+}
+
+/// Which top-level field a key (quotes included, already scanned) names. Only a key with a
+/// backslash is decoded; others are compared as bytes and checked for UTF-8, as serde's
+/// field identifier does.
+fn top_level_key(raw: &[u8], escaped: bool) -> Result<Key, &'static str> {
+    let name = |k: &[u8]| match k {
+        b"model" => Key::Model,
+        b"stream" => Key::Stream,
+        _ => Key::Other,
+    };
+    if escaped {
+        let decoded = serde_json::from_slice::<String>(raw).map_err(|_| "invalid key string")?;
+        return Ok(name(decoded.as_bytes()));
+    }
+    let inner = &raw[1..raw.len() - 1];
+    std::str::from_utf8(inner).map_err(|_| "invalid UTF-8 in a key")?;
+    Ok(name(inner))
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+const ONES: u64 = u64::MAX / 255;
+const HIGHS: u64 = ONES << 7;
+
+/// One flag (the byte's high bit) per byte of `w` that is `"`, `\` or below 0x20. The lowest
+/// flag is exact (a borrow only starts at a flagged byte), which is all the caller uses.
+#[inline(always)]
+fn specials(w: u64) -> u64 {
+    let ctrl = w.wrapping_sub(ONES * 0x20) & !w;
+    let q = w ^ (ONES * u64::from(b'"'));
+    let quote = q.wrapping_sub(ONES) & !q;
+    let bs = w ^ (ONES * u64::from(b'\\'));
+    let backslash = bs.wrapping_sub(ONES) & !bs;
+    (ctrl | quote | backslash) & HIGHS
+}
+
+impl Scanner<'_> {
+    #[inline(always)]
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    #[cold]
+    fn err(&self, what: &'static str) -> ScanError {
+        ScanError::Invalid { at: self.i, what }
+    }
+
+    #[inline(always)]
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// After a key: whitespace, `:`, whitespace.
+    #[inline(always)]
+    fn colon(&mut self) -> Result<(), ScanError> {
+        self.skip_ws();
+        if self.peek() != Some(b':') {
+            return Err(self.err("expected ':'"));
+        }
+        self.i += 1;
+        self.skip_ws();
+        Ok(())
+    }
+
+    /// The rest of a string whose opening quote is consumed; leaves `i` after the closing
+    /// quote. Returns whether it had an escape.
+    #[inline(always)]
+    fn string(&mut self) -> Result<bool, ScanError> {
+        let b = self.b;
+        let mut i = self.i;
+        let mut escaped = false;
+        loop {
+            // Eight bytes at a time up to the first quote, backslash or control byte.
+            while let Some(chunk) = b.get(i..i + 8) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(chunk);
+                let m = specials(u64::from_le_bytes(word));
+                if m != 0 {
+                    i += (m.trailing_zeros() / 8) as usize;
+                    break;
+                }
+                i += 8;
+            }
+            match b.get(i) {
+                Some(b'"') => {
+                    self.i = i + 1;
+                    return Ok(escaped);
+                }
+                Some(b'\\') => {
+                    escaped = true;
+                    i = self.escape(i + 1)?;
+                }
+                Some(&c) if c < 0x20 => {
+                    self.i = i;
+                    return Err(self.err("control character in a string"));
+                }
+                Some(_) => i += 1,
+                None => {
+                    self.i = i;
+                    return Err(self.err("end of input inside a string"));
+                }
+            }
+        }
+    }
+
+    /// The escape after a backslash at `i - 1`; returns the index after it.
+    #[inline]
+    fn escape(&mut self, i: usize) -> Result<usize, ScanError> {
+        match self.b.get(i) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 1),
+            Some(b'u') => match self.b.get(i + 1..i + 5) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => Ok(i + 5),
+                Some(_) => {
+                    self.i = i;
+                    Err(self.err("invalid \\u escape"))
+                }
+                None => {
+                    self.i = self.b.len();
+                    Err(self.err("end of input inside a string"))
+                }
+            },
+            Some(_) => {
+                self.i = i;
+                Err(self.err("invalid escape"))
+            }
+            None => {
+                self.i = i;
+                Err(self.err("end of input inside a string"))
+            }
+        }
+    }
+
+    #[inline]
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), ScanError> {
+        if self.b.get(self.i..self.i + word.len()) == Some(word) {
+            self.i += word.len();
+            Ok(())
+        } else {
+            Err(self.err("invalid literal"))
+        }
+    }
+
+    #[inline]
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    fn number(&mut self) -> Result<(), ScanError> {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek() {
+            Some(b'0') => {
+                self.i += 1;
+                if let Some(b'0'..=b'9') = self.peek() {
+                    return Err(self.err("invalid number (leading zero)"));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.err("invalid number")),
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return Err(self.err("invalid number (no digit after '.')"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.err("invalid number (no exponent digit)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// One value starting at `i` (whitespace already skipped), inside the top-level object
+    /// (depth 1). Nesting is tracked in a bit stack: bit d set = the container at relative
+    /// depth d is an object.
+    fn value(&mut self) -> Result<(), ScanError> {
+        let mut stack: u128 = 0;
+        let mut depth: u32 = 0;
+        loop {
+            // A value is expected at `i`.
+            let opened = match self.peek() {
+                Some(b'"') => {
+                    self.i += 1;
+                    self.string()?;
+                    false
+                }
+                Some(open @ (b'{' | b'[')) => {
+                    if depth + 2 > MAX_DEPTH {
+                        return Err(self.err("nesting too deep"));
+                    }
+                    self.i += 1;
+                    stack = stack << 1 | u128::from(open == b'{');
+                    depth += 1;
+                    self.skip_ws();
+                    let close = if open == b'{' { b'}' } else { b']' };
+                    if self.peek() == Some(close) {
+                        self.i += 1;
+                        stack >>= 1;
+                        depth -= 1;
+                        false
+                    } else {
+                        if open == b'{' {
+                            self.key()?;
+                        }
+                        true
+                    }
+                }
+                Some(b't') => self.literal(b"true").map(|()| false)?,
+                Some(b'f') => self.literal(b"false").map(|()| false)?,
+                Some(b'n') => self.literal(b"null").map(|()| false)?,
+                Some(b'-' | b'0'..=b'9') => self.number().map(|()| false)?,
+                Some(_) => return Err(self.err("expected a value")),
+                None => return Err(self.err("end of input where a value was expected")),
+            };
+            if opened {
+                continue;
+            }
+            // A value ended: close containers until one continues with a comma.
+            loop {
+                if depth == 0 {
+                    return Ok(());
+                }
+                self.skip_ws();
+                let in_object = stack & 1 == 1;
+                match self.peek() {
+                    Some(b',') => {
+                        self.i += 1;
+                        self.skip_ws();
+                        if in_object {
+                            self.key()?;
+                        }
+                        break;
+                    }
+                    Some(b'}') if in_object => {}
+                    Some(b']') if !in_object => {}
+                    Some(_) => {
+                        return Err(self.err(if in_object {
+                            "expected ',' or '}'"
+                        } else {
+                            "expected ',' or ']'"
+                        }));
+                    }
+                    None => return Err(self.err("end of input inside a container")),
+                }
+                self.i += 1;
+                stack >>= 1;
+                depth -= 1;
+            }
+        }
+    }
+
+    /// A nested object's key and colon, at `i` (whitespace skipped); leaves `i` at the value.
+    #[inline]
+    fn key(&mut self) -> Result<(), ScanError> {
+        if self.peek() != Some(b'"') {
+            return Err(self.err("expected a string key"));
+        }
+        self.i += 1;
+        self.string()?;
+        self.colon()
+    }
+}
