@@ -27,7 +27,7 @@
 //! - The `model` and `stream` values are UTF-8 checked (as serde's `RawValue` is).
 //! - Stricter: nesting deeper than [`MAX_DEPTH`] containers is refused. serde's
 //!   `IgnoredAny` skips any depth; a provider decoding the body into a tree typically stops
-//!   at 128 (serde_json's `Value` does), and refusing here keeps the stack a fixed `u128`.
+//!   at 128 (serde_json's `Value` does), and refusing here keeps the scanner's stack a fixed array.
 
 use std::fmt;
 
@@ -74,78 +74,21 @@ enum Key {
 
 /// Scan `body`, which must be one JSON object, and locate its top-level `model` and `stream`.
 pub fn scan(body: &[u8]) -> Result<TopLevel, ScanError> {
-    let mut s = Scanner { b: body, i: 0 };
+    let mut s = Scanner {
+        b: body,
+        i: 0,
+        at: 0,
+        what: "",
+    };
     s.skip_ws();
     if s.peek() != Some(b'{') {
         return Err(ScanError::NotAnObject);
     }
     s.i += 1;
-    let mut out = TopLevel::default();
-    s.skip_ws();
-    if s.peek() == Some(b'}') {
-        s.i += 1;
-    } else {
-        loop {
-            if s.peek() != Some(b'"') {
-                return Err(s.err("expected a string key"));
-            }
-            let key_start = s.i;
-            s.i += 1;
-            let escaped = s.string()?;
-            let key = top_level_key(&body[key_start..s.i], escaped).map_err(|what| {
-                ScanError::Invalid {
-                    at: key_start,
-                    what,
-                }
-            })?;
-            s.colon()?;
-            let start = s.i;
-            s.value()?;
-            let slot = match key {
-                Key::Model => Some(&mut out.model),
-                Key::Stream => Some(&mut out.stream),
-                Key::Other => None,
-            };
-            if let Some(slot) = slot {
-                if slot.is_some() {
-                    let what = if key == Key::Model {
-                        "duplicate field \"model\""
-                    } else {
-                        "duplicate field \"stream\""
-                    };
-                    return Err(ScanError::Invalid {
-                        at: key_start,
-                        what,
-                    });
-                }
-                if std::str::from_utf8(&body[start..s.i]).is_err() {
-                    return Err(ScanError::Invalid {
-                        at: start,
-                        what: "invalid UTF-8",
-                    });
-                }
-                *slot = Some((start, s.i));
-            }
-            s.skip_ws();
-            match s.peek() {
-                Some(b',') => {
-                    s.i += 1;
-                    s.skip_ws();
-                }
-                Some(b'}') => {
-                    s.i += 1;
-                    break;
-                }
-                Some(_) => return Err(s.err("expected ',' or '}'")),
-                None => return Err(s.err("end of input inside the object")),
-            }
-        }
-    }
-    s.skip_ws();
-    if s.i != body.len() {
-        return Err(s.err("trailing characters"));
-    }
-    Ok(out)
+    s.object().map_err(|Stop| ScanError::Invalid {
+        at: s.at,
+        what: s.what,
+    })
 }
 
 /// Which top-level field a key (quotes included, already scanned) names. Only a key with a
@@ -169,7 +112,14 @@ fn top_level_key(raw: &[u8], escaped: bool) -> Result<Key, &'static str> {
 struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
+    /// Where and why the scan stopped (set by [`Scanner::err`]).
+    at: usize,
+    what: &'static str,
 }
+
+/// The scan stopped on invalid input; the scanner holds where and why. Zero-sized, so a
+/// `Result<T, Stop>` travels in registers (in wasm too) on the hot path.
+struct Stop;
 
 const ONES: u64 = u64::MAX / 255;
 const HIGHS: u64 = ONES << 7;
@@ -186,6 +136,77 @@ fn specials(w: u64) -> u64 {
     (ctrl | quote | backslash) & HIGHS
 }
 
+#[inline(always)]
+fn is_special(c: u8) -> bool {
+    c == b'"' || c == b'\\' || c < 0x20
+}
+
+/// The index of the first `"`, `\` or control byte at or after `i`, or `b.len()`.
+#[inline(always)]
+fn skip_plain(b: &[u8], i: usize) -> usize {
+    let rest = &b[i..];
+    // Short keys and empty strings end within the first bytes: no setup for them.
+    match rest.first() {
+        Some(&c) if is_special(c) => return i,
+        None => return i,
+        _ => {}
+    }
+    let mut chunks = rest.chunks_exact(CHUNK);
+    let mut at = i;
+    for chunk in chunks.by_ref() {
+        let m = chunk_specials(chunk);
+        if m != 0 {
+            return at + m.trailing_zeros() as usize / BITS_PER_BYTE;
+        }
+        at += CHUNK;
+    }
+    let tail = chunks.remainder();
+    at + tail
+        .iter()
+        .position(|&c| is_special(c))
+        .unwrap_or(tail.len())
+}
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+const CHUNK: usize = 16;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+const BITS_PER_BYTE: usize = 1;
+
+/// One bit per byte of a 16-byte chunk that is special (wasm simd128: three compares and a
+/// bitmask, which V8 maps to SSE/NEON).
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[inline(always)]
+fn chunk_specials(chunk: &[u8]) -> u32 {
+    use core::arch::wasm32::*;
+    let word = |k: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&chunk[k..k + 8]);
+        u64::from_le_bytes(w)
+    };
+    let v = u64x2(word(0), word(8));
+    let m = v128_or(
+        v128_or(
+            u8x16_eq(v, u8x16_splat(b'"')),
+            u8x16_eq(v, u8x16_splat(b'\\')),
+        ),
+        u8x16_lt(v, u8x16_splat(0x20)),
+    );
+    u32::from(u8x16_bitmask(m))
+}
+
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+const CHUNK: usize = 8;
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+const BITS_PER_BYTE: usize = 8;
+
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+#[inline(always)]
+fn chunk_specials(chunk: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(chunk);
+    specials(u64::from_le_bytes(w))
+}
+
 impl Scanner<'_> {
     #[inline(always)]
     fn peek(&self) -> Option<u8> {
@@ -193,12 +214,86 @@ impl Scanner<'_> {
     }
 
     #[cold]
-    fn err(&self, what: &'static str) -> ScanError {
-        ScanError::Invalid { at: self.i, what }
+    #[inline(never)]
+    fn err(&mut self, what: &'static str) -> Stop {
+        self.at = self.i;
+        self.what = what;
+        Stop
+    }
+
+    /// The top-level object after its `{`: every key checked for `model` and `stream`.
+    fn object(&mut self) -> Result<TopLevel, Stop> {
+        let body = self.b;
+        let mut out = TopLevel::default();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+        } else {
+            loop {
+                if self.peek() != Some(b'"') {
+                    return Err(self.err("expected a string key"));
+                }
+                let key_start = self.i;
+                self.i += 1;
+                let escaped = self.string()?;
+                let key = match top_level_key(&body[key_start..self.i], escaped) {
+                    Ok(key) => key,
+                    Err(what) => {
+                        self.i = key_start;
+                        return Err(self.err(what));
+                    }
+                };
+                self.colon()?;
+                let start = self.i;
+                self.value()?;
+                let slot = match key {
+                    Key::Model => Some(&mut out.model),
+                    Key::Stream => Some(&mut out.stream),
+                    Key::Other => None,
+                };
+                if let Some(slot) = slot {
+                    if slot.is_some() {
+                        self.i = key_start;
+                        return Err(self.err(if key == Key::Model {
+                            "duplicate field \"model\""
+                        } else {
+                            "duplicate field \"stream\""
+                        }));
+                    }
+                    if std::str::from_utf8(&body[start..self.i]).is_err() {
+                        self.i = start;
+                        return Err(self.err("invalid UTF-8"));
+                    }
+                    *slot = Some((start, self.i));
+                }
+                self.skip_ws();
+                match self.peek() {
+                    Some(b',') => {
+                        self.i += 1;
+                        self.skip_ws();
+                    }
+                    Some(b'}') => {
+                        self.i += 1;
+                        break;
+                    }
+                    Some(_) => return Err(self.err("expected ',' or '}'")),
+                    None => return Err(self.err("end of input inside the object")),
+                }
+            }
+        }
+        self.skip_ws();
+        if self.i != body.len() {
+            return Err(self.err("trailing characters"));
+        }
+        Ok(out)
     }
 
     #[inline(always)]
     fn skip_ws(&mut self) {
+        // Compact JSON has no whitespace: one compare settles it.
+        if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+            return;
+        }
         while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
             self.i += 1;
         }
@@ -206,7 +301,7 @@ impl Scanner<'_> {
 
     /// After a key: whitespace, `:`, whitespace.
     #[inline(always)]
-    fn colon(&mut self) -> Result<(), ScanError> {
+    fn colon(&mut self) -> Result<(), Stop> {
         self.skip_ws();
         if self.peek() != Some(b':') {
             return Err(self.err("expected ':'"));
@@ -219,22 +314,12 @@ impl Scanner<'_> {
     /// The rest of a string whose opening quote is consumed; leaves `i` after the closing
     /// quote. Returns whether it had an escape.
     #[inline(always)]
-    fn string(&mut self) -> Result<bool, ScanError> {
+    fn string(&mut self) -> Result<bool, Stop> {
         let b = self.b;
         let mut i = self.i;
         let mut escaped = false;
         loop {
-            // Eight bytes at a time up to the first quote, backslash or control byte.
-            while let Some(chunk) = b.get(i..i + 8) {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(chunk);
-                let m = specials(u64::from_le_bytes(word));
-                if m != 0 {
-                    i += (m.trailing_zeros() / 8) as usize;
-                    break;
-                }
-                i += 8;
-            }
+            i = skip_plain(b, i);
             match b.get(i) {
                 Some(b'"') => {
                     self.i = i + 1;
@@ -259,7 +344,7 @@ impl Scanner<'_> {
 
     /// The escape after a backslash at `i - 1`; returns the index after it.
     #[inline]
-    fn escape(&mut self, i: usize) -> Result<usize, ScanError> {
+    fn escape(&mut self, i: usize) -> Result<usize, Stop> {
         match self.b.get(i) {
             Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 1),
             Some(b'u') => match self.b.get(i + 1..i + 5) {
@@ -285,7 +370,7 @@ impl Scanner<'_> {
     }
 
     #[inline]
-    fn literal(&mut self, word: &'static [u8]) -> Result<(), ScanError> {
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), Stop> {
         if self.b.get(self.i..self.i + word.len()) == Some(word) {
             self.i += word.len();
             Ok(())
@@ -303,7 +388,7 @@ impl Scanner<'_> {
         self.i - start
     }
 
-    fn number(&mut self) -> Result<(), ScanError> {
+    fn number(&mut self) -> Result<(), Stop> {
         if self.peek() == Some(b'-') {
             self.i += 1;
         }
@@ -338,11 +423,11 @@ impl Scanner<'_> {
     }
 
     /// One value starting at `i` (whitespace already skipped), inside the top-level object
-    /// (depth 1). Nesting is tracked in a bit stack: bit d set = the container at relative
-    /// depth d is an object.
-    fn value(&mut self) -> Result<(), ScanError> {
-        let mut stack: u128 = 0;
-        let mut depth: u32 = 0;
+    /// (depth 1). `is_object[d]`: whether the open container at relative depth `d` is an
+    /// object (a fixed array: no allocation, and the depth limit bounds it).
+    fn value(&mut self) -> Result<(), Stop> {
+        let mut is_object = [false; MAX_DEPTH as usize];
+        let mut depth: usize = 0;
         loop {
             // A value is expected at `i`.
             let opened = match self.peek() {
@@ -352,17 +437,17 @@ impl Scanner<'_> {
                     false
                 }
                 Some(open @ (b'{' | b'[')) => {
-                    if depth + 2 > MAX_DEPTH {
+                    // The top-level object is depth 1, this container depth + 2.
+                    if depth + 2 > MAX_DEPTH as usize {
                         return Err(self.err("nesting too deep"));
                     }
                     self.i += 1;
-                    stack = stack << 1 | u128::from(open == b'{');
                     depth += 1;
+                    is_object[depth] = open == b'{';
                     self.skip_ws();
                     let close = if open == b'{' { b'}' } else { b']' };
                     if self.peek() == Some(close) {
                         self.i += 1;
-                        stack >>= 1;
                         depth -= 1;
                         false
                     } else {
@@ -388,7 +473,7 @@ impl Scanner<'_> {
                     return Ok(());
                 }
                 self.skip_ws();
-                let in_object = stack & 1 == 1;
+                let in_object = is_object[depth];
                 match self.peek() {
                     Some(b',') => {
                         self.i += 1;
@@ -410,15 +495,14 @@ impl Scanner<'_> {
                     None => return Err(self.err("end of input inside a container")),
                 }
                 self.i += 1;
-                stack >>= 1;
                 depth -= 1;
             }
         }
     }
 
     /// A nested object's key and colon, at `i` (whitespace skipped); leaves `i` at the value.
-    #[inline]
-    fn key(&mut self) -> Result<(), ScanError> {
+    #[inline(always)]
+    fn key(&mut self) -> Result<(), Stop> {
         if self.peek() != Some(b'"') {
             return Err(self.err("expected a string key"));
         }

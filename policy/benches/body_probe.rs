@@ -1,0 +1,143 @@
+//! Body probe benchmark: the serde_json probe admit used to run against `body_scan::scan`,
+//! in the same process, on conversation bodies of 4 KB, 100 KB and 1 MB and on a body
+//! heavy with tool schemas (many small nested objects). Prints microseconds per call and
+//! the speedup; asserts nothing but that both agree.
+//!
+//! `cargo bench -p halo-policy --bench body_probe` (`HALO_BENCH_MS`: time per cell, default 600).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use halo_policy::body_scan;
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+/// The probe admit used before body_scan: serde skips every field but these two.
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+}
+
+fn serde_probe(body: &[u8]) -> Option<(usize, bool)> {
+    let p = serde_json::from_slice::<Probe<'_>>(body).ok()?;
+    let model = p.model?;
+    let start = model.get().as_ptr() as usize - body.as_ptr() as usize;
+    Some((start, p.stream.is_some_and(|s| s.get() == "true")))
+}
+
+fn scan_probe(body: &[u8]) -> Option<(usize, bool)> {
+    scan_probe_v::<0>(body)
+}
+fn scan_probe_v<const V: u8>(body: &[u8]) -> Option<(usize, bool)> {
+    let top = body_scan::scan_v::<V>(body).ok()?;
+    let (start, _) = top.model?;
+    Some((
+        start,
+        top.stream.is_some_and(|(a, b)| &body[a..b] == b"true"),
+    ))
+}
+
+/// The gateway bench's shape: many ~150-byte user turns.
+fn conversation(size: usize) -> Vec<u8> {
+    let turn = json!({"role": "user", "content": "Refactor the parser so that it reports the line and column of every error it finds; keep the tests green."});
+    let turn_len = turn.to_string().len() + 1;
+    let n = (size.saturating_sub(80) / turn_len).max(1);
+    let messages: Vec<_> = (0..n).map(|_| turn.clone()).collect();
+    json!({"model": "haiku", "max_tokens": 16, "stream": true, "messages": messages})
+        .to_string()
+        .into_bytes()
+}
+
+/// A coding agent's tool list: nested JSON Schemas, short keys and strings, many objects.
+fn tool_schemas(tools: usize) -> Vec<u8> {
+    let tool = |i: usize| {
+        json!({
+            "name": format!("tool_{i}"),
+            "description": "Run a command in the workspace and return its output.",
+            "input_schema": {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["command", "timeout"],
+                "properties": {
+                    "command": {"type": "string", "description": "The command line."},
+                    "timeout": {"type": "integer", "minimum": 0, "maximum": 600000},
+                    "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "mode": {"enum": ["read", "write", "exec", null], "default": "read"},
+                    "paths": {"type": "array", "items": {"type": "object", "properties": {
+                        "path": {"type": "string"}, "line": {"type": "number"},
+                        "flags": {"type": "array", "items": {"type": "boolean"}}}}}
+                }
+            }
+        })
+    };
+    let tools: Vec<_> = (0..tools).map(tool).collect();
+    json!({"model": "sonnet", "max_tokens": 4096, "tools": tools,
+           "messages": [{"role": "user", "content": "hi"}]})
+    .to_string()
+    .into_bytes()
+}
+
+/// Median microseconds per call over batches filling `budget`.
+fn time(budget: Duration, f: &dyn Fn() -> Option<(usize, bool)>) -> f64 {
+    // Calibrate a batch of about 20 ms.
+    let t = Instant::now();
+    let mut n = 0u32;
+    while t.elapsed() < Duration::from_millis(20) {
+        black_box(f());
+        n += 1;
+    }
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < budget || samples.len() < 5 {
+        let t = Instant::now();
+        for _ in 0..n {
+            black_box(f());
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e6 / f64::from(n));
+    }
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let ms = std::env::var("HALO_BENCH_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(600);
+    let budget = Duration::from_millis(ms);
+    let cases = [
+        ("conversation 4 KB", conversation(4 * 1024)),
+        ("conversation 100 KB", conversation(100 * 1024)),
+        ("conversation 1 MB", conversation(1024 * 1024)),
+        ("tool schemas", tool_schemas(400)),
+    ];
+    println!("| body                | bytes     | serde probe | body_scan | speedup | scan GB/s |");
+    println!("|---------------------|----------:|------------:|----------:|--------:|----------:|");
+    for (name, body) in &cases {
+        assert_eq!(
+            serde_probe(body),
+            scan_probe(body),
+            "{name}: probes disagree"
+        );
+        assert!(scan_probe(body).is_some(), "{name}: must be admitted");
+        let serde = time(budget, &|| serde_probe(black_box(body)));
+        let scan = time(budget, &|| scan_probe(black_box(body)));
+        for (v, t) in [
+            (1, time(budget, &|| scan_probe_v::<1>(black_box(body)))),
+            (2, time(budget, &|| scan_probe_v::<2>(black_box(body)))),
+            (3, time(budget, &|| scan_probe_v::<3>(black_box(body)))),
+        ] {
+            println!("variant {v}: {t:.1} us");
+        }
+        println!(
+            "| {name:<19} | {:>9} | {serde:>8.1} us | {scan:>6.1} us | {:>6.1}x | {:>9.2} |",
+            body.len(),
+            serde / scan,
+            body.len() as f64 / scan / 1e3,
+        );
+    }
+}
