@@ -30,10 +30,7 @@ fn serde_probe(body: &[u8]) -> Option<(usize, bool)> {
 }
 
 fn scan_probe(body: &[u8]) -> Option<(usize, bool)> {
-    scan_probe_v::<0>(body)
-}
-fn scan_probe_v<const V: u8>(body: &[u8]) -> Option<(usize, bool)> {
-    let top = body_scan::scan_v::<V>(body).ok()?;
+    let top = body_scan::scan(body).ok()?;
     let (start, _) = top.model?;
     Some((
         start,
@@ -126,13 +123,6 @@ fn main() {
         assert!(scan_probe(body).is_some(), "{name}: must be admitted");
         let serde = time(budget, &|| serde_probe(black_box(body)));
         let scan = time(budget, &|| scan_probe(black_box(body)));
-        for (v, t) in [
-            (1, time(budget, &|| scan_probe_v::<1>(black_box(body)))),
-            (2, time(budget, &|| scan_probe_v::<2>(black_box(body)))),
-            (3, time(budget, &|| scan_probe_v::<3>(black_box(body)))),
-        ] {
-            println!("variant {v}: {t:.1} us");
-        }
         println!(
             "| {name:<19} | {:>9} | {serde:>8.1} us | {scan:>6.1} us | {:>6.1}x | {:>9.2} |",
             body.len(),

@@ -669,6 +669,55 @@ mod tests {
     }
 
     #[test]
+    fn body_probe_is_strict_about_the_model() {
+        // Two top-level models, however spelled, are refused: the gateway and the provider
+        // must never read different models from one body.
+        for body in [
+            r#"{"model":"opus","model":"sonnet"}"#,
+            r#"{"model":"opus","mod\u0065l":"sonnet"}"#,
+            r#"{"stream":false,"model":"opus","stream":true}"#,
+        ] {
+            let r = refused("POST", "/v1/messages", body);
+            assert!(
+                r.message
+                    .starts_with("the request body is not valid JSON: duplicate field"),
+                "{body}: {}",
+                r.message
+            );
+        }
+        // A nested model is just content.
+        let c = call(
+            "POST",
+            "/v1/messages",
+            r#"{"messages":[{"model":"sonnet"}],"model":"opus"}"#,
+        );
+        assert_eq!(c.alias, "opus");
+        // An escaped model names its decoded alias; the span is the raw string.
+        let body = r#"{"model":"op\u0075s"}"#;
+        let c = call("POST", "/v1/messages", body);
+        assert_eq!(c.alias, "opus");
+        assert_eq!(c.model_in, ModelLocation::Body { start: 9, end: 20 });
+        for (body, message) in [
+            (r#"{"model":7}"#, "\"model\" must be a string"),
+            (r#"{"model":["opus"]}"#, "\"model\" must be a string"),
+            (r#"{"model":"\uD800"}"#, "\"model\" must be a string"),
+            (r#"{"model":null}"#, "the request body has no \"model\""),
+            (
+                r#"{"model":"opus",}"#,
+                "the request body is not valid JSON: ",
+            ),
+            (
+                r#"{"model":"opus"} {}"#,
+                "the request body is not valid JSON: ",
+            ),
+            (r#"["opus"]"#, "the request body is not a JSON object"),
+        ] {
+            let r = refused("POST", "/v1/messages", body);
+            assert!(r.message.starts_with(message), "{body}: {}", r.message);
+        }
+    }
+
+    #[test]
     fn refusal_body_has_the_anthropic_error_shape() {
         let body = Refusal::invalid_request("model \"x\" is not available").body();
         assert_eq!(
