@@ -262,7 +262,7 @@ fn check(body: &[u8], accepted: &mut usize, refused: &mut usize) {
 fn scanner_agrees_with_serde_on_generated_documents_and_mutations() {
     let mut rng = Rng(0x5EED_B0D1_5CA7);
     let (mut accepted, mut refused) = (0, 0);
-    for _ in 0..10_000 {
+    for _ in 0..25_000 {
         let doc = document(&mut rng);
         check(&doc, &mut accepted, &mut refused);
         for _ in 0..12 {
