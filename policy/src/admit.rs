@@ -16,10 +16,9 @@
 //! method, is 404. A missing, unparseable or non-alias model is 400 (fail closed). Error
 //! bodies use the Anthropic error shape every supported harness displays.
 
-use serde::Deserialize;
 use serde::Serialize;
-use serde_json::value::RawValue;
 
+use crate::body_scan::{self, TopLevel};
 use crate::snapshot::Snapshot;
 use crate::types::WireProtocol;
 
@@ -339,48 +338,35 @@ fn truncate(s: &str) -> &str {
     }
 }
 
-/// The two top-level fields admit reads. Every other field is skipped without being
-/// built. A duplicated `model` is a decode error, so the gateway and the upstream can never
-/// read two different models from one body.
-#[derive(Deserialize)]
-struct Probe<'a> {
-    #[serde(borrow, default)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-}
-
 struct BodyFacts {
     /// The model and the byte range of its JSON string in the body.
     model: Option<(String, (usize, usize))>,
     stream: bool,
 }
 
-fn decode_probe(body: &[u8]) -> Result<Probe<'_>, String> {
-    // A struct also decodes from a JSON array; only an object is a request.
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
-        return Err("the request body is not a JSON object".to_string());
-    }
-    serde_json::from_slice::<Probe<'_>>(body)
-        .map_err(|e| format!("the request body is not valid JSON: {e}"))
+/// The raw top-level `model` value's span, `None` when absent or `null` (as the serde
+/// `Option<&RawValue>` probe that [`body_scan`] replaced read it).
+fn model_span(body: &[u8], top: &TopLevel) -> Option<(usize, usize)> {
+    top.model
+        .filter(|&(start, end)| body.get(start..end) != Some(b"null".as_slice()))
 }
 
 fn probe_body(body: &[u8]) -> Result<BodyFacts, Refusal> {
-    let probe = decode_probe(body).map_err(Refusal::invalid_request)?;
-    let model = match probe.model {
+    let top = body_scan::scan(body).map_err(|e| Refusal::invalid_request(e.to_string()))?;
+    let model = match model_span(body, &top) {
         None => None,
-        Some(raw) => {
-            let model = serde_json::from_str::<String>(raw.get())
+        Some((start, end)) => {
+            // Only the model's own bytes are decoded (and checked: escapes, surrogates).
+            let model = serde_json::from_slice::<String>(&body[start..end])
                 .map_err(|_| Refusal::invalid_request("\"model\" must be a string"))?;
-            let span = raw_span(body, raw)
-                .ok_or_else(|| Refusal::invalid_request("the model value could not be located"))?;
-            Some((model, span))
+            Some((model, (start, end)))
         }
     };
     Ok(BodyFacts {
         model,
-        stream: probe.stream.is_some_and(|raw| raw.get() == "true"),
+        stream: top
+            .stream
+            .is_some_and(|(start, end)| &body[start..end] == b"true"),
     })
 }
 
@@ -402,10 +388,8 @@ pub enum RewriteError {
 /// and escapes, since preserve_order is not enabled.) After [`admit`], use
 /// [`splice_model`] with the range it recorded instead: no second parse.
 pub fn rewrite_body_model(body: &[u8], model: &str) -> Result<Vec<u8>, RewriteError> {
-    let probe = decode_probe(body).map_err(RewriteError::Body)?;
-    let raw = probe.model.ok_or(RewriteError::NoModel)?;
-    let (start, end) = raw_span(body, raw)
-        .ok_or_else(|| RewriteError::Body("the model value could not be located".to_string()))?;
+    let top = body_scan::scan(body).map_err(|e| RewriteError::Body(e.to_string()))?;
+    let (start, end) = model_span(body, &top).ok_or(RewriteError::NoModel)?;
     Ok(splice_model(body, start, end, model))
 }
 
@@ -421,14 +405,6 @@ pub fn splice_model(body: &[u8], start: usize, end: usize, model: &str) -> Vec<u
     out.extend_from_slice(replacement.as_bytes());
     out.extend_from_slice(&body[end..]);
     out
-}
-
-/// Where a raw value borrowed from `body` sits in it: the distance between the pointers.
-fn raw_span(body: &[u8], raw: &RawValue) -> Option<(usize, usize)> {
-    let raw = raw.get();
-    let start = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-    let end = start.checked_add(raw.len())?;
-    (body.get(start..end) == Some(raw.as_bytes())).then_some((start, end))
 }
 
 #[cfg(test)]
@@ -690,6 +666,55 @@ mod tests {
         // A long unknown model is echoed only in part.
         let long = format!(r#"{{"model":"{}"}}"#, "x".repeat(10_000));
         assert!(refused("POST", "/v1/messages", &long).message.len() < 400);
+    }
+
+    #[test]
+    fn body_probe_is_strict_about_the_model() {
+        // Two top-level models, however spelled, are refused: the gateway and the provider
+        // must never read different models from one body.
+        for body in [
+            r#"{"model":"opus","model":"sonnet"}"#,
+            r#"{"model":"opus","mod\u0065l":"sonnet"}"#,
+            r#"{"stream":false,"model":"opus","stream":true}"#,
+        ] {
+            let r = refused("POST", "/v1/messages", body);
+            assert!(
+                r.message
+                    .starts_with("the request body is not valid JSON: duplicate field"),
+                "{body}: {}",
+                r.message
+            );
+        }
+        // A nested model is just content.
+        let c = call(
+            "POST",
+            "/v1/messages",
+            r#"{"messages":[{"model":"sonnet"}],"model":"opus"}"#,
+        );
+        assert_eq!(c.alias, "opus");
+        // An escaped model names its decoded alias; the span is the raw string.
+        let body = r#"{"model":"op\u0075s"}"#;
+        let c = call("POST", "/v1/messages", body);
+        assert_eq!(c.alias, "opus");
+        assert_eq!(c.model_in, ModelLocation::Body { start: 9, end: 20 });
+        for (body, message) in [
+            (r#"{"model":7}"#, "\"model\" must be a string"),
+            (r#"{"model":["opus"]}"#, "\"model\" must be a string"),
+            (r#"{"model":"\uD800"}"#, "\"model\" must be a string"),
+            (r#"{"model":null}"#, "the request body has no \"model\""),
+            (
+                r#"{"model":"opus",}"#,
+                "the request body is not valid JSON: ",
+            ),
+            (
+                r#"{"model":"opus"} {}"#,
+                "the request body is not valid JSON: ",
+            ),
+            (r#"["opus"]"#, "the request body is not a JSON object"),
+        ] {
+            let r = refused("POST", "/v1/messages", body);
+            assert!(r.message.starts_with(message), "{body}: {}", r.message);
+        }
     }
 
     #[test]

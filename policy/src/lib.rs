@@ -13,6 +13,7 @@
 //! - [`assign`]: the single source of hashing (rings, variants, weighted picks).
 //! - [`decide`]: ring, toggles, experiments and shadow for one request.
 //! - [`admit`]: the client wire, operation and alias of a request; the body model rewrite.
+//! - [`body_scan`]: the strict one-pass JSON scan that finds a body's top-level model.
 //! - [`profile`]: `extends` resolved into one effective Profile (child overrides parent).
 //! - [`route`]: the failover order of an alias's targets (priority tiers, sticky pick).
 //! - [`cluster_names`]: the Envoy cluster names the translator creates and the filter picks.
@@ -22,6 +23,7 @@
 
 pub mod admit;
 pub mod assign;
+pub mod body_scan;
 pub mod cluster_names;
 pub mod compile;
 pub mod decide;

@@ -1,0 +1,63 @@
+//! The body probe benchmark inside V8, where the filter runs: this file builds as a wasm
+//! module (an example with crate-type cdylib) exporting the serde probe and body_scan, and
+//! `policy/examples/v8_probe.mjs` times them under node (V8). Run with
+//! the commands in BENCHMARKS.md ("Body probe (policy)").
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The probe admit used before body_scan (as in `benches/body_probe.rs`).
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+}
+
+fn serde_probe(body: &[u8]) -> Option<(usize, bool)> {
+    let p = serde_json::from_slice::<Probe<'_>>(body).ok()?;
+    let model = p.model?;
+    let start = model.get().as_ptr() as usize - body.as_ptr() as usize;
+    Some((start, p.stream.is_some_and(|s| s.get() == "true")))
+}
+
+fn scan_probe(body: &[u8]) -> Option<(usize, bool)> {
+    let top = halo_policy::body_scan::scan(body).ok()?;
+    let (start, _) = top.model?;
+    Some((
+        start,
+        top.stream.is_some_and(|(a, b)| &body[a..b] == b"true"),
+    ))
+}
+
+/// A buffer of `len` bytes for the host to fill (leaked: the module lives for one run).
+#[unsafe(no_mangle)]
+pub extern "C" fn buffer(len: usize) -> *mut u8 {
+    Vec::leak(vec![0u8; len]).as_mut_ptr()
+}
+
+/// Run probe `kind` (0 serde, 1 body_scan) `iters` times over `len` bytes at `ptr`; 0 if
+/// it refused the body, else a checksum the host ignores.
+///
+/// # Safety
+/// `ptr..ptr + len` must be a buffer from [`buffer`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn run(kind: u32, ptr: *const u8, len: usize, iters: u32) -> u32 {
+    // SAFETY: the host passes a buffer it got from `buffer` with its length.
+    let body = unsafe { std::slice::from_raw_parts(ptr, len) };
+    let mut acc = 0u32;
+    for _ in 0..iters {
+        let body = std::hint::black_box(body);
+        let found = if kind == 0 {
+            serde_probe(body)
+        } else {
+            scan_probe(body)
+        };
+        let Some((start, stream)) = found else {
+            return 0;
+        };
+        acc = acc.wrapping_add(start as u32 + u32::from(stream) + 1);
+    }
+    acc
+}

@@ -1,0 +1,801 @@
+//! body_scan: one strict pass over a JSON request body that finds the top-level `"model"`
+//! and `"stream"` values and nothing else.
+//!
+//! Why it exists: the wasm filter reads every model call's body in full (coding tools send
+//! whole conversations, often a megabyte) and needs only two top-level fields, plus the byte
+//! span of `model` for the alias splice. The serde decode it replaces (which skipped every
+//! other field) was the largest piece of the filter's CPU at 1 MB. This scanner walks the
+//! bytes once with no allocation, skipping string contents 16 bytes per step (wasm
+//! simd128 or SSE2; 8-byte words elsewhere): ~1.6x faster than serde inside V8 and
+//! 1.2-1.5x natively (BENCHMARKS.md, "Body probe (policy)"). What remains is per token.
+//!
+//! It must not be laxer than serde_json, because the gateway and the provider have to read
+//! the same document: a body one lenient parser reads differently from another could carry
+//! a model past the allowlist. So it accepts exactly what the previous
+//! `serde_json::from_slice` probe (model and stream as `&RawValue`, every other field
+//! `IgnoredAny`) accepted, with one deliberate exception where it is stricter (the last):
+//!
+//! - RFC 8259 grammar as serde_json 1.0.154 reads it: whitespace is space, tab, CR and LF
+//!   only; `true`/`false`/`null`; numbers `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+//!   (any magnitude: skipped numbers are never converted); strings refuse raw control
+//!   characters (bytes below 0x20) and every escape but `\" \\ \/ \b \f \n \r \t \uXXXX`;
+//!   no trailing commas; nothing but whitespace after the object.
+//! - Skipped strings are not checked for UTF-8 and their `\u` escapes may be lone
+//!   surrogates (serde's `ignore_str` does the same: JSON's structure is ASCII, so an
+//!   invalid byte inside a string cannot move a string boundary for any parser).
+//! - Top-level keys are decoded like serde's field identifiers: UTF-8 checked, and a key
+//!   with a backslash is decoded with serde_json (so lone surrogates are refused and
+//!   `"mod\u0065l"` is `model`). A second `model` or `stream`, however spelled, is refused.
+//! - The `model` and `stream` values are UTF-8 checked (as serde's `RawValue` is).
+//! - Stricter: nesting deeper than [`MAX_DEPTH`] containers is refused. serde's
+//!   `IgnoredAny` skips any depth; a provider decoding the body into a tree typically stops
+//!   at 128 (serde_json's `Value` does), and refusing here keeps the scanner's stack a
+//!   fixed array.
+//!
+//! `policy/tests/body_scan.rs` checks all of this against serde_json itself on generated
+//! documents and their mutations.
+
+use std::fmt;
+
+/// The deepest nesting accepted, counting the top-level object as 1: serde_json's
+/// recursion limit for a `Value` (it refuses the 128th nested container).
+pub const MAX_DEPTH: u32 = 127;
+
+/// Where the top-level fields admit reads sit in the body: `body[start..end]` is the raw
+/// JSON value (no surrounding whitespace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TopLevel {
+    pub model: Option<(usize, usize)>,
+    pub stream: Option<(usize, usize)>,
+}
+
+/// Why a body was refused. The message names the problem and a byte offset, never content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanError {
+    /// The first non-whitespace byte is not `{` (or the body is empty).
+    NotAnObject,
+    /// Not valid JSON (or a duplicated top-level `model`/`stream`) at byte `at`.
+    Invalid { at: usize, what: &'static str },
+}
+
+impl fmt::Display for ScanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScanError::NotAnObject => f.write_str("the request body is not a JSON object"),
+            ScanError::Invalid { at, what } => {
+                write!(f, "the request body is not valid JSON: {what} at byte {at}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScanError {}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Model,
+    Stream,
+    Other,
+}
+
+/// Scan `body`, which must be one JSON object, and locate its top-level `model` and `stream`.
+pub fn scan(body: &[u8]) -> Result<TopLevel, ScanError> {
+    let mut s = Scanner {
+        b: body,
+        i: 0,
+        at: 0,
+        what: "",
+    };
+    s.skip_ws();
+    if s.peek() != Some(b'{') {
+        return Err(ScanError::NotAnObject);
+    }
+    s.i += 1;
+    s.object().map_err(|Stop| ScanError::Invalid {
+        at: s.at,
+        what: s.what,
+    })
+}
+
+/// Which top-level field a key (quotes included, already scanned) names. Only a key with a
+/// backslash is decoded; others are compared as bytes and checked for UTF-8, as serde's
+/// field identifier does.
+fn top_level_key(raw: &[u8], escaped: bool) -> Result<Key, &'static str> {
+    let name = |k: &[u8]| match k {
+        b"model" => Key::Model,
+        b"stream" => Key::Stream,
+        _ => Key::Other,
+    };
+    if escaped {
+        let decoded = serde_json::from_slice::<String>(raw).map_err(|_| "invalid key string")?;
+        return Ok(name(decoded.as_bytes()));
+    }
+    let inner = &raw[1..raw.len() - 1];
+    std::str::from_utf8(inner).map_err(|_| "invalid UTF-8 in a key")?;
+    Ok(name(inner))
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+    /// Where and why the scan stopped (set by [`Scanner::err`]).
+    at: usize,
+    what: &'static str,
+}
+
+/// The scan stopped on invalid input; the scanner holds where and why. Zero-sized, so a
+/// `Result<T, Stop>` travels in registers (in wasm too) on the hot path.
+struct Stop;
+
+#[inline(always)]
+fn is_special(c: u8) -> bool {
+    c == b'"' || c == b'\\' || c < 0x20
+}
+
+/// The index of the first `"`, `\` or control byte at or after `i`, or `b.len()`.
+#[inline(always)]
+fn skip_plain(b: &[u8], i: usize) -> usize {
+    let rest = &b[i..];
+    // An empty string or back-to-back escapes: no loop setup.
+    match rest.first() {
+        Some(&c) if is_special(c) => return i,
+        None => return i,
+        _ => {}
+    }
+    let mut chunks = rest.chunks_exact(CHUNK);
+    let mut at = i;
+    for chunk in chunks.by_ref() {
+        let m = chunk_specials(chunk);
+        if m != 0 {
+            return at + m.trailing_zeros() as usize / BITS_PER_BYTE;
+        }
+        at += CHUNK;
+    }
+    let tail = chunks.remainder();
+    at + tail
+        .iter()
+        .position(|&c| is_special(c))
+        .unwrap_or(tail.len())
+}
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+use simd128::{BITS_PER_BYTE, CHUNK, chunk_specials};
+#[cfg(target_arch = "x86_64")]
+use sse2::{BITS_PER_BYTE, CHUNK, chunk_specials};
+#[cfg(not(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+)))]
+use swar::{BITS_PER_BYTE, CHUNK, chunk_specials};
+
+/// wasm with simd128 (the filter's build): 16 bytes per step, three compares and a bitmask,
+/// which V8 maps to SSE/NEON. Measured 2.5x faster than the word loop on long strings there.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128 {
+    use core::arch::wasm32::*;
+
+    pub const CHUNK: usize = 16;
+    pub const BITS_PER_BYTE: usize = 1;
+
+    /// One bit per byte of a 16-byte chunk that is `"`, `\` or below 0x20.
+    #[inline(always)]
+    pub fn chunk_specials(chunk: &[u8]) -> u32 {
+        let word = |k: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&chunk[k..k + 8]);
+            u64::from_le_bytes(w)
+        };
+        // Two 8-byte loads make the vector without an unsafe v128_load.
+        let v = u64x2(word(0), word(8));
+        let m = v128_or(
+            v128_or(
+                u8x16_eq(v, u8x16_splat(b'"')),
+                u8x16_eq(v, u8x16_splat(b'\\')),
+            ),
+            u8x16_lt(v, u8x16_splat(0x20)),
+        );
+        u32::from(u8x16_bitmask(m))
+    }
+}
+
+/// Native x86_64 (SSE2 is part of the baseline): the same 16-byte step. The word loop
+/// below ran out of registers for its four constants there.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use core::arch::x86_64::*;
+
+    pub const CHUNK: usize = 16;
+    pub const BITS_PER_BYTE: usize = 1;
+
+    #[inline(always)]
+    pub fn chunk_specials(chunk: &[u8]) -> u32 {
+        let word = |k: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&chunk[k..k + 8]);
+            i64::from_le_bytes(w)
+        };
+        // SAFETY: register-only SSE2 intrinsics (no memory access), and SSE2 is part of the
+        // x86_64 baseline, so every x86_64 CPU has them.
+        unsafe {
+            let v = _mm_set_epi64x(word(8), word(0));
+            // Unsigned `v < 0x20` is `max(v, 0x1f) == 0x1f`.
+            let low = _mm_set1_epi8(0x1f);
+            let ctrl = _mm_cmpeq_epi8(_mm_max_epu8(v, low), low);
+            let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+            let backslash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+            let m = _mm_or_si128(_mm_or_si128(ctrl, quote), backslash);
+            _mm_movemask_epi8(m) as u32
+        }
+    }
+}
+
+/// Everywhere else: 8 bytes per step in a u64 (SWAR), as serde_json's own string skip does.
+#[cfg(not(any(
+    all(target_arch = "wasm32", target_feature = "simd128"),
+    target_arch = "x86_64"
+)))]
+mod swar {
+    pub const CHUNK: usize = 8;
+    pub const BITS_PER_BYTE: usize = 8;
+
+    const ONES: u64 = u64::MAX / 255;
+    const HIGHS: u64 = ONES << 7;
+
+    /// One flag (the byte's high bit) per byte of `w` that is `"`, `\` or below 0x20. The lowest
+    /// flag is exact (a borrow only starts at a flagged byte), which is all the caller uses.
+    #[inline(always)]
+    fn specials(w: u64) -> u64 {
+        let ctrl = w.wrapping_sub(ONES * 0x20) & !w;
+        let q = w ^ (ONES * u64::from(b'"'));
+        let quote = q.wrapping_sub(ONES) & !q;
+        let bs = w ^ (ONES * u64::from(b'\\'));
+        let backslash = bs.wrapping_sub(ONES) & !bs;
+        (ctrl | quote | backslash) & HIGHS
+    }
+
+    #[inline(always)]
+    pub fn chunk_specials(chunk: &[u8]) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        specials(u64::from_le_bytes(w))
+    }
+}
+
+impl Scanner<'_> {
+    #[inline(always)]
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    /// Inlined on purpose: a call taking `&mut self` would pin the scanner in memory (in
+    /// wasm, linear memory) instead of registers on the hot path.
+    #[inline(always)]
+    fn err(&mut self, what: &'static str) -> Stop {
+        self.at = self.i;
+        self.what = what;
+        Stop
+    }
+
+    /// The top-level object after its `{`: every key checked for `model` and `stream`.
+    fn object(&mut self) -> Result<TopLevel, Stop> {
+        let body = self.b;
+        let mut out = TopLevel::default();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+        } else {
+            loop {
+                if self.peek() != Some(b'"') {
+                    return Err(self.err("expected a string key"));
+                }
+                let key_start = self.i;
+                self.i += 1;
+                let escaped = self.string()?;
+                let key = match top_level_key(&body[key_start..self.i], escaped) {
+                    Ok(key) => key,
+                    Err(what) => {
+                        self.i = key_start;
+                        return Err(self.err(what));
+                    }
+                };
+                self.colon()?;
+                let start = self.i;
+                self.value()?;
+                let slot = match key {
+                    Key::Model => Some(&mut out.model),
+                    Key::Stream => Some(&mut out.stream),
+                    Key::Other => None,
+                };
+                if let Some(slot) = slot {
+                    if slot.is_some() {
+                        self.i = key_start;
+                        return Err(self.err(if key == Key::Model {
+                            "duplicate field \"model\""
+                        } else {
+                            "duplicate field \"stream\""
+                        }));
+                    }
+                    if std::str::from_utf8(&body[start..self.i]).is_err() {
+                        self.i = start;
+                        return Err(self.err("invalid UTF-8"));
+                    }
+                    *slot = Some((start, self.i));
+                }
+                self.skip_ws();
+                match self.peek() {
+                    Some(b',') => {
+                        self.i += 1;
+                        self.skip_ws();
+                    }
+                    Some(b'}') => {
+                        self.i += 1;
+                        break;
+                    }
+                    Some(_) => return Err(self.err("expected ',' or '}'")),
+                    None => return Err(self.err("end of input inside the object")),
+                }
+            }
+        }
+        self.skip_ws();
+        if self.i != body.len() {
+            return Err(self.err("trailing characters"));
+        }
+        Ok(out)
+    }
+
+    #[inline(always)]
+    fn skip_ws(&mut self) {
+        // Compact JSON has no whitespace: one compare settles it.
+        if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+            return;
+        }
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// After a key: whitespace, `:`, whitespace.
+    #[inline(always)]
+    fn colon(&mut self) -> Result<(), Stop> {
+        self.skip_ws();
+        if self.peek() != Some(b':') {
+            return Err(self.err("expected ':'"));
+        }
+        self.i += 1;
+        self.skip_ws();
+        Ok(())
+    }
+
+    /// The rest of a string whose opening quote is consumed; leaves `i` after the closing
+    /// quote. Returns whether it had an escape.
+    #[inline(always)]
+    fn string(&mut self) -> Result<bool, Stop> {
+        let b = self.b;
+        let mut i = self.i;
+        let mut escaped = false;
+        loop {
+            i = skip_plain(b, i);
+            match b.get(i) {
+                Some(b'"') => {
+                    self.i = i + 1;
+                    return Ok(escaped);
+                }
+                Some(b'\\') => {
+                    escaped = true;
+                    i = self.escape(i + 1)?;
+                }
+                Some(&c) if c < 0x20 => {
+                    self.i = i;
+                    return Err(self.err("control character in a string"));
+                }
+                Some(_) => i += 1,
+                None => {
+                    self.i = i;
+                    return Err(self.err("end of input inside a string"));
+                }
+            }
+        }
+    }
+
+    /// The escape after a backslash at `i - 1`; returns the index after it.
+    #[inline]
+    fn escape(&mut self, i: usize) -> Result<usize, Stop> {
+        match self.b.get(i) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 1),
+            Some(b'u') => match self.b.get(i + 1..i + 5) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => Ok(i + 5),
+                Some(_) => {
+                    self.i = i;
+                    Err(self.err("invalid \\u escape"))
+                }
+                None => {
+                    self.i = self.b.len();
+                    Err(self.err("end of input inside a string"))
+                }
+            },
+            Some(_) => {
+                self.i = i;
+                Err(self.err("invalid escape"))
+            }
+            None => {
+                self.i = i;
+                Err(self.err("end of input inside a string"))
+            }
+        }
+    }
+
+    #[inline]
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), Stop> {
+        if self.b.get(self.i..self.i + word.len()) == Some(word) {
+            self.i += word.len();
+            Ok(())
+        } else {
+            Err(self.err("invalid literal"))
+        }
+    }
+
+    #[inline]
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    fn number(&mut self) -> Result<(), Stop> {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek() {
+            Some(b'0') => {
+                self.i += 1;
+                if let Some(b'0'..=b'9') = self.peek() {
+                    return Err(self.err("invalid number (leading zero)"));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.err("invalid number")),
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return Err(self.err("invalid number (no digit after '.')"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.err("invalid number (no exponent digit)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// One value starting at `i` (whitespace already skipped), inside the top-level object
+    /// (depth 1). `is_object[d]`: whether the open container at relative depth `d` is an
+    /// object (a fixed array: no allocation, and the depth limit bounds it).
+    fn value(&mut self) -> Result<(), Stop> {
+        let mut is_object = [false; MAX_DEPTH as usize];
+        let mut depth: usize = 0;
+        loop {
+            // A value is expected at `i`.
+            let opened = match self.peek() {
+                Some(b'"') => {
+                    self.i += 1;
+                    self.string()?;
+                    false
+                }
+                Some(open @ (b'{' | b'[')) => {
+                    // The top-level object is depth 1, this container depth + 2.
+                    if depth + 2 > MAX_DEPTH as usize {
+                        return Err(self.err("nesting too deep"));
+                    }
+                    self.i += 1;
+                    depth += 1;
+                    is_object[depth] = open == b'{';
+                    self.skip_ws();
+                    let close = if open == b'{' { b'}' } else { b']' };
+                    if self.peek() == Some(close) {
+                        self.i += 1;
+                        depth -= 1;
+                        false
+                    } else {
+                        if open == b'{' {
+                            self.key()?;
+                        }
+                        true
+                    }
+                }
+                Some(b't') => self.literal(b"true").map(|()| false)?,
+                Some(b'f') => self.literal(b"false").map(|()| false)?,
+                Some(b'n') => self.literal(b"null").map(|()| false)?,
+                Some(b'-' | b'0'..=b'9') => self.number().map(|()| false)?,
+                Some(_) => return Err(self.err("expected a value")),
+                None => return Err(self.err("end of input where a value was expected")),
+            };
+            if opened {
+                continue;
+            }
+            // A value ended: close containers until one continues with a comma.
+            loop {
+                if depth == 0 {
+                    return Ok(());
+                }
+                self.skip_ws();
+                let in_object = is_object[depth];
+                match self.peek() {
+                    Some(b',') => {
+                        self.i += 1;
+                        self.skip_ws();
+                        if in_object {
+                            self.key()?;
+                        }
+                        break;
+                    }
+                    Some(b'}') if in_object => {}
+                    Some(b']') if !in_object => {}
+                    Some(_) => {
+                        return Err(self.err(if in_object {
+                            "expected ',' or '}'"
+                        } else {
+                            "expected ',' or ']'"
+                        }));
+                    }
+                    None => return Err(self.err("end of input inside a container")),
+                }
+                self.i += 1;
+                depth -= 1;
+            }
+        }
+    }
+
+    /// A nested object's key and colon, at `i` (whitespace skipped); leaves `i` at the value.
+    #[inline(always)]
+    fn key(&mut self) -> Result<(), Stop> {
+        if self.peek() != Some(b'"') {
+            return Err(self.err("expected a string key"));
+        }
+        self.i += 1;
+        self.string()?;
+        self.colon()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(body: &str) -> TopLevel {
+        scan(body.as_bytes()).unwrap_or_else(|e| panic!("{body:?} refused: {e}"))
+    }
+
+    fn refused(body: impl AsRef<[u8]>) -> ScanError {
+        let body = body.as_ref();
+        match scan(body) {
+            Err(e) => e,
+            Ok(top) => panic!("{:?} accepted: {top:?}", String::from_utf8_lossy(body)),
+        }
+    }
+
+    fn raw(body: &str, span: Option<(usize, usize)>) -> Option<&str> {
+        span.map(|(a, b)| &body[a..b])
+    }
+
+    #[test]
+    fn finds_model_and_stream_spans() {
+        let body = r#" { "x" : [1,{"model":"nested"}], "model" : "haiku" , "stream":true } "#;
+        let top = ok(body);
+        assert_eq!(raw(body, top.model), Some("\"haiku\""));
+        assert_eq!(raw(body, top.stream), Some("true"));
+        let top = ok(r#"{"stream":false,"model":"m"}"#);
+        assert_eq!(top.stream, Some((10, 15)));
+        assert_eq!(ok("{}"), TopLevel::default());
+        assert_eq!(ok(r#"{"messages":[]}"#), TopLevel::default());
+        // Any JSON value is located; admit decides what a non-string model means.
+        let body = r#"{"model":{"a":[1]},"stream":"true"}"#;
+        let top = ok(body);
+        assert_eq!(raw(body, top.model), Some(r#"{"a":[1]}"#));
+        assert_eq!(raw(body, top.stream), Some("\"true\""));
+    }
+
+    #[test]
+    fn duplicate_model_or_stream_is_refused_however_spelled() {
+        for body in [
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"model":"a","mod\u0065l":"b"}"#,
+            r#"{"\u006d\u006F\u0064\u0065\u006c":"a","x":1,"model":"b"}"#,
+            r#"{"model":null,"model":"b"}"#,
+            r#"{"stream":true,"stream":false}"#,
+            r#"{"\u0073tream":true,"stream":false}"#,
+        ] {
+            let e = refused(body);
+            assert!(e.to_string().contains("duplicate field"), "{body}: {e}");
+        }
+        // Nested, differently named or differently cased keys are not duplicates.
+        ok(r#"{"model":"a","messages":[{"model":"b","model":"c"}],"Model":"d","modelx":1}"#);
+        let body = r#"{"mod\u0065l":"x"}"#;
+        assert_eq!(raw(body, ok(body).model), Some("\"x\""));
+    }
+
+    #[test]
+    fn top_level_keys_are_decoded_strictly() {
+        refused(r#"{"mod\uD800el":"a"}"#); // lone leading surrogate
+        refused(r#"{"\uDC00":"a"}"#); // lone trailing surrogate
+        refused(b"{\"k\xff\":1}"); // invalid UTF-8
+        refused(r#"{"\x":1}"#);
+        ok(r#"{"\uD83D\uDE00":1,"caf\u00e9":2}"#);
+        // Nested keys and values are skipped like serde's IgnoredAny: lone surrogates and
+        // bytes that are not UTF-8 pass there.
+        ok(r#"{"a":{"\uD800":"\uDC00"}}"#);
+        assert!(scan(b"{\"a\":[\"\xff\xfe\"]}").is_ok());
+        // The model and stream values are UTF-8 checked, like serde's RawValue.
+        refused(b"{\"model\":\"\xff\"}");
+        refused(b"{\"stream\":[\"\xc3\"]}");
+    }
+
+    #[test]
+    fn strings() {
+        ok(r#"{"a":"\"\\\/\b\f\n\r\t\u0000\uFFFF\uabcd"}"#);
+        ok(r#"{"a":"","b":"\u00e9\uD83D\uDE00"}"#);
+        ok("{\"a\":\"\x7f caf\u{e9} \u{1F600}\"}");
+        for body in [
+            r#"{"a":"\x"}"#,
+            r#"{"a":"\u12"}"#,
+            r#"{"a":"\u12G4"}"#,
+            r#"{"a":"\U0041"}"#,
+            r#"{"a":"\'"}"#,
+            "{\"a\":\"tab\there\"}",
+            "{\"a\":\"nl\nhere\"}",
+            "{\"a\":\"\x00\"}",
+            "{\"a\":\"\x1f\"}",
+            r#"{"a":"open}"#,
+            r#"{"a":"\"#,
+            r#"{"a":'x'}"#,
+        ] {
+            refused(body);
+        }
+        // A control byte is refused in every position of the word-at-a-time loop.
+        for at in 0..40 {
+            let mut s = "x".repeat(40);
+            s.replace_range(at..=at, "\u{1}");
+            refused(format!("{{\"a\":\"{s}\"}}"));
+            let mut s = "x".repeat(40);
+            s.replace_range(at..=at, "\"");
+            refused(format!("{{\"a\":\"{s}\"}}"));
+        }
+    }
+
+    #[test]
+    fn numbers() {
+        for n in [
+            "0",
+            "-0",
+            "1",
+            "-12",
+            "1e5",
+            "1E5",
+            "1e+5",
+            "1e-5",
+            "1.5",
+            "-0.0",
+            "0e0",
+            "1.25E-3",
+            "123456789012345678901234567890",
+            "1e400",
+        ] {
+            ok(&format!(r#"{{"n":{n},"m":[{n}]}}"#));
+        }
+        for n in [
+            "01",
+            "-01",
+            "00",
+            "+1",
+            "-",
+            ".5",
+            "1.",
+            "1.e5",
+            "1e",
+            "1e+",
+            "1E-",
+            "0x10",
+            "1_0",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1.5.2",
+            "--1",
+        ] {
+            refused(format!(r#"{{"n":{n}}}"#));
+        }
+    }
+
+    #[test]
+    fn literals_whitespace_commas_and_trailing_bytes() {
+        ok("\t\r\n {\"a\" :\ttrue ,\n\"b\":false,\"c\":null , \"d\" : [ ] , \"e\" : { } }\n\r\t ");
+        for body in [
+            r#"{"a":tru}"#,
+            r#"{"a":True}"#,
+            r#"{"a":nul}"#,
+            r#"{"a":truex}"#,
+            r#"{"a":1,}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":[,1]}"#,
+            r#"{"a":{"b":1,}}"#,
+            r#"{,"a":1}"#,
+            r#"{"a" 1}"#,
+            r#"{"a":1 "b":2}"#,
+            r#"{"a":[1 2]}"#,
+            r#"{"a":}"#,
+            r#"{"a":[}"#,
+            r#"{"a":{]}"#,
+            r#"{a:1}"#,
+            r#"{"a":1}}"#,
+            r#"{"a":1} x"#,
+            r#"{"a":1}{}"#,
+            "{\"a\":1}\x0c",
+            "{\"a\":\x0c1}",
+            "{\"a\":1",
+            "{",
+        ] {
+            refused(body);
+        }
+    }
+
+    #[test]
+    fn only_an_object_is_a_request() {
+        for body in ["", "   ", "[]", "\"model\"", "1", "null", "\x0c{}"] {
+            assert_eq!(
+                scan(body.as_bytes()),
+                Err(ScanError::NotAnObject),
+                "{body:?}"
+            );
+        }
+    }
+
+    /// `depth` nested arrays in the top-level object: `depth + 1` containers in all.
+    fn nested(depth: usize) -> String {
+        format!(r#"{{"a":{}{}}}"#, "[".repeat(depth), "]".repeat(depth))
+    }
+
+    #[test]
+    fn nesting_limit_is_serde_values() {
+        let limit = MAX_DEPTH as usize;
+        // serde_json's Value accepts exactly what the scanner accepts at the limit.
+        for containers in [limit - 1, limit, limit + 1, limit + 50] {
+            let body = nested(containers - 1);
+            let serde_ok = serde_json::from_str::<serde_json::Value>(&body).is_ok();
+            assert_eq!(scan(body.as_bytes()).is_ok(), serde_ok, "{containers}");
+            assert_eq!(serde_ok, containers <= limit, "{containers}");
+        }
+        let e = refused(format!(
+            r#"{{"a":{}{}}}"#,
+            r#"{"b":"#.repeat(limit),
+            "}".repeat(limit)
+        ));
+        assert!(e.to_string().contains("nesting too deep"), "{e}");
+        // Deep but within the limit, then back out and on.
+        ok(&format!(
+            r#"{{"a":{}1{},"model":"m"}}"#,
+            "[".repeat(limit - 1),
+            "]".repeat(limit - 1)
+        ));
+    }
+
+    #[test]
+    fn errors_name_a_position_and_no_content() {
+        let e = refused(r#"{"secret-prompt": tru}"#).to_string();
+        assert_eq!(
+            e,
+            "the request body is not valid JSON: invalid literal at byte 18"
+        );
+        let e = refused(r#"{"model":"secret","model":"other"}"#).to_string();
+        assert!(!e.contains("secret") && !e.contains("other"), "{e}");
+        assert!(e.starts_with("the request body is not valid JSON: "), "{e}");
+    }
+}
