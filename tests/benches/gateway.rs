@@ -102,20 +102,54 @@ async fn load(
     }
 }
 
-/// The Envoy without the filter: listener -> router -> the same cluster. With
-/// `read_in_full`, Envoy's buffer filter first holds each request until its last byte,
-/// as the halo filter must (the model decides the route): the store-and-forward floor.
-fn bare_bootstrap(port: u16, admin: u16, upstream: &str, read_in_full: bool) -> String {
+/// The Envoys without the filter the halo gateway is compared with, each listener ->
+/// router -> the same cluster and upstream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Baseline {
+    /// Nothing else.
+    Bare,
+    /// Envoy's buffer filter first holds each request until its last byte, as the halo
+    /// filter must (the model decides the route): the store-and-forward floor.
+    ReadInFull,
+    /// Read in full, and the halo route's retry policy, which keeps each request body for
+    /// replay on the next target: the floor of any gateway that inspects the model and
+    /// fails over, before the filter's own work.
+    ReadInFullFailover,
+}
+
+impl Baseline {
+    const ALL: [Baseline; 3] = [
+        Baseline::Bare,
+        Baseline::ReadInFull,
+        Baseline::ReadInFullFailover,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Baseline::Bare => "bare Envoy",
+            Baseline::ReadInFull => "+ read in full",
+            Baseline::ReadInFullFailover => "+ read in full + failover",
+        }
+    }
+}
+
+fn bare_bootstrap(port: u16, admin: u16, upstream: &str, baseline: Baseline) -> String {
     let router = json!({"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}});
     let buffer = json!({"name": "envoy.filters.http.buffer", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
         "max_request_bytes": 33 * 1024 * 1024}});
-    let http_filters = if read_in_full {
-        vec![buffer, router]
-    } else {
+    let http_filters = if baseline == Baseline::Bare {
         vec![router]
+    } else {
+        vec![buffer, router]
     };
+    let mut route = json!({"cluster": "halo-upstream-prov-a", "timeout": "0s"});
+    if baseline == Baseline::ReadInFullFailover {
+        route["retry_policy"] = halo_envoy_config::bootstrap::retry_policy(
+            &halo_envoy_config::bootstrap::Failover::default(),
+        );
+    }
     let ep = halo_envoy_config::bootstrap::endpoint("upstream", upstream).expect("url");
     let doc = json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
@@ -130,7 +164,7 @@ fn bare_bootstrap(port: u16, admin: u16, upstream: &str, read_in_full: bool) -> 
                         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                         "stat_prefix": "bare",
                         "route_config": {"virtual_hosts": [{"name": "b", "domains": ["*"], "routes": [
-                            {"match": {"prefix": "/"}, "route": {"cluster": "halo-upstream-prov-a", "timeout": "0s"}}]}]},
+                            {"match": {"prefix": "/"}, "route": route}]}]},
                         "http_filters": http_filters,
                     },
                 }]}],
@@ -239,16 +273,19 @@ async fn main() {
         opts.settings = json!({"identity": {"mode": "none"}});
     }
     let gw = Gateway::start(snap, opts);
-    let start_bare = |read_in_full: bool| {
+    let start_bare = |baseline: Baseline| {
         let port = halo_testkit::free_port();
         let admin = halo_testkit::free_port();
         let envoy = tokio::task::block_in_place(|| {
-            Envoy::start(&bare_bootstrap(port, admin, &sink.url, read_in_full), admin)
+            Envoy::start(&bare_bootstrap(port, admin, &sink.url, baseline), admin)
         });
-        (envoy, format!("http://127.0.0.1:{port}/v1/messages"))
+        (
+            baseline,
+            envoy,
+            format!("http://127.0.0.1:{port}/v1/messages"),
+        )
     };
-    let (bare, bare_url) = start_bare(false);
-    let (buffered, buffered_url) = start_bare(true);
+    let baselines: Vec<_> = Baseline::ALL.into_iter().map(start_bare).collect();
     let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
     let reps: usize = std::env::var("HALO_BENCH_REPS")
         .ok()
@@ -256,29 +293,14 @@ async fn main() {
         .unwrap_or(1);
 
     println!(
-        "Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop, {reps} interleaved rep(s)"
+        "Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop, {reps} interleaved rep(s); cpu = Envoy's CPU per request"
     );
-    println!(
-        "Columns: bare Envoy | bare + buffer filter (reads each request in full, as halo must) | halo; cpu = Envoy CPU us per request"
-    );
-    println!(
-        "{:>7}  {:>6} {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>6} {:>6} {:>6} {:>6} | {:>5} {:>6} {:>6} {:>7}",
-        "body",
-        "rps",
-        "p50",
-        "p99",
-        "cpu",
-        "p50",
-        "cpu",
-        "rps",
-        "p50",
-        "p99",
-        "cpu",
-        "rps x",
-        "+p50",
-        "+cpu",
-        "+cpu/bf"
-    );
+    let row = |body: &str, what: &str, r: &Result| {
+        println!(
+            "{body:>7}  {what:<26} {:>7.0} rps  p50 {:>6.0} us  p99 {:>6.0} us  cpu {:>6.0} us",
+            r.rps, r.p50_us, r.p99_us, r.cpu_us
+        );
+    };
     for kib in sizes_kib() {
         let label = if kib >= 1024 && kib % 1024 == 0 {
             format!("{} MB", kib / 1024)
@@ -286,19 +308,16 @@ async fn main() {
             format!("{kib} KB")
         };
         let b = body(kib * 1024);
-        let mut added_p50 = Vec::new();
-        let mut added_cpu = Vec::new();
+        // Per rep: (rps ratio, +p50, +cpu) against bare, and (+p50, +cpu) against the floor.
+        let mut vs_bare = Vec::new();
+        let mut vs_floor = Vec::new();
         for _ in 0..reps {
-            let bare_r = load(&bare, bare_url.clone(), None, b.clone(), conns, secs).await;
-            let buf_r = load(
-                &buffered,
-                buffered_url.clone(),
-                None,
-                b.clone(),
-                conns,
-                secs,
-            )
-            .await;
+            let mut base = Vec::new();
+            for (baseline, envoy, url) in &baselines {
+                let r = load(envoy, url.clone(), None, b.clone(), conns, secs).await;
+                row(&label, baseline.label(), &r);
+                base.push(r);
+            }
             let halo_r = load(
                 &gw.envoy,
                 format!("{}/v1/messages", gw.base),
@@ -308,36 +327,30 @@ async fn main() {
                 secs,
             )
             .await;
-            added_p50.push(halo_r.p50_us - bare_r.p50_us);
-            added_cpu.push(halo_r.cpu_us - bare_r.cpu_us);
-            println!(
-                "{:>7}  {:>6.0} {:>6.0} {:>6.0} {:>6.0} | {:>6.0} {:>6.0} | {:>6.0} {:>6.0} {:>6.0} {:>6.0} | {:>5.2} {:>6.0} {:>6.0} {:>7.0}",
-                label,
-                bare_r.rps,
-                bare_r.p50_us,
-                bare_r.p99_us,
-                bare_r.cpu_us,
-                buf_r.p50_us,
-                buf_r.cpu_us,
-                halo_r.rps,
-                halo_r.p50_us,
-                halo_r.p99_us,
-                halo_r.cpu_us,
+            row(&label, "halo", &halo_r);
+            let (bare_r, floor_r) = (&base[0], &base[2]);
+            vs_bare.push((
                 halo_r.rps / bare_r.rps,
                 halo_r.p50_us - bare_r.p50_us,
                 halo_r.cpu_us - bare_r.cpu_us,
-                halo_r.cpu_us - buf_r.cpu_us,
-            );
+            ));
+            vs_floor.push((
+                halo_r.p50_us - floor_r.p50_us,
+                halo_r.cpu_us - floor_r.cpu_us,
+            ));
         }
-        if reps > 1 {
-            println!(
-                "{label:>7}  median over {reps} reps: +p50 {:.0} us, +cpu {:.0} us per request",
-                median(&mut added_p50),
-                median(&mut added_cpu)
-            );
-        }
+        let med = |f: &dyn Fn(usize) -> f64| median(&mut (0..reps).map(f).collect::<Vec<_>>());
+        println!(
+            "{label:>7}  halo vs bare Envoy: {:.2}x rps, p50 {:+.0} us, cpu {:+.0} us; vs read in full + failover: p50 {:+.0} us, cpu {:+.0} us{}",
+            med(&|i| vs_bare[i].0),
+            med(&|i| vs_bare[i].1),
+            med(&|i| vs_bare[i].2),
+            med(&|i| vs_floor[i].0),
+            med(&|i| vs_floor[i].1),
+            if reps > 1 { " (medians)" } else { "" },
+        );
     }
-    drop((bare, buffered));
+    drop(baselines);
     micro_rewrite();
 }
 
