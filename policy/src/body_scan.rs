@@ -631,8 +631,10 @@ pub struct Incremental {
     state: State,
     /// Open containers; the top-level object is depth 1.
     depth: u32,
-    /// Bit `d` is set when the container at depth `d` is an object (depth <= MAX_DEPTH < 128).
-    objects: u128,
+    /// Whether the container at depth `d` is an object: bit `d % 64` of word `d / 64`
+    /// (depth <= MAX_DEPTH < 128; two words, as a u128's variable shift is a dozen wasm
+    /// instructions).
+    objects: [u64; 2],
     /// The current string has an escape (matters for top-level keys only).
     escaped: bool,
     num: Num,
@@ -728,6 +730,12 @@ fn number(
     }
 }
 
+/// Whether the open container at `depth` is an object.
+#[inline(always)]
+fn is_object(objects: &[u64; 2], depth: u32) -> bool {
+    objects[(depth >> 6) as usize & 1] >> (depth & 63) & 1 != 0
+}
+
 #[inline(always)]
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
     // Compact JSON has no whitespace: one compare settles it.
@@ -746,7 +754,7 @@ impl Incremental {
             i: 0,
             state: State::Start,
             depth: 0,
-            objects: 0,
+            objects: [0; 2],
             escaped: false,
             num: Num::Int,
             key_start: 0,
@@ -800,7 +808,7 @@ impl Incremental {
     }
 
     /// A top-level member's value ended before `end`: record it if it is `model` or `stream`.
-    #[inline]
+    #[inline(never)]
     fn top_value(&mut self, b: &[u8], end: usize) -> Result<(), ScanError> {
         let slot = match self.key {
             Key::Model => &mut self.out.model,
@@ -852,6 +860,8 @@ impl Incremental {
         let mut state = self.state;
         let mut depth = self.depth;
         let mut objects = self.objects;
+        // The current container's bit, kept at hand: every value's end reads it.
+        let mut in_object = is_object(&objects, depth);
         let mut escaped = self.escaped;
         let mut num = self.num;
         'scan: loop {
@@ -861,7 +871,8 @@ impl Incremental {
                     Some(b'{') => {
                         i += 1;
                         depth = 1;
-                        objects = 1 << 1;
+                        objects = [1 << 1, 0];
+                        in_object = true;
                         state = State::ObjectOpen;
                     }
                     Some(_) => {
@@ -885,6 +896,7 @@ impl Incremental {
                     Some(b'}') if state == State::ObjectOpen => {
                         i += 1;
                         depth -= 1;
+                        in_object = is_object(&objects, depth);
                         state = State::Closed;
                     }
                     Some(_) => return Err(self.fail(i, "expected a string key")),
@@ -924,6 +936,7 @@ impl Incremental {
                     Some(b']') => {
                         i += 1;
                         depth -= 1;
+                        in_object = is_object(&objects, depth);
                         state = State::Closed;
                     }
                     Some(_) => state = State::Value,
@@ -946,11 +959,13 @@ impl Incremental {
                         }
                         i += 1;
                         depth += 1;
-                        if open == b'{' {
-                            objects |= 1 << depth;
+                        in_object = open == b'{';
+                        let (word, bit) = ((depth >> 6) as usize & 1, 1u64 << (depth & 63));
+                        if in_object {
+                            objects[word] |= bit;
                             state = State::ObjectOpen;
                         } else {
-                            objects &= !(1 << depth);
+                            objects[word] &= !bit;
                             state = State::ArrayOpen;
                         }
                         continue 'scan;
@@ -1032,7 +1047,6 @@ impl Incremental {
                     break;
                 }
                 i = skip_ws(b, i);
-                let in_object = objects & (1 << depth) != 0;
                 match b.get(i) {
                     Some(b',') => {
                         i += 1;
@@ -1055,6 +1069,7 @@ impl Incremental {
                 }
                 i += 1;
                 depth -= 1;
+                in_object = is_object(&objects, depth);
                 state = State::Closed;
             }
             if state == State::Done {
