@@ -1012,7 +1012,9 @@ impl Incremental {
             loop {
                 if state == State::Value {
                     i = skip_ws(b, i);
-                    value_start = i;
+                    if depth == 1 {
+                        value_start = i;
+                    }
                     match b.get(i) {
                         Some(b'"') => {
                             // The common case, read here rather than through the state.
@@ -1173,16 +1175,116 @@ impl Incremental {
 mod tests {
     use super::*;
 
-    fn ok(body: &str) -> TopLevel {
-        scan(body.as_bytes()).unwrap_or_else(|e| panic!("{body:?} refused: {e}"))
+    /// `body` fed one byte at a time, then finished.
+    fn bytewise(body: &[u8]) -> Result<TopLevel, ScanError> {
+        let mut inc = Incremental::new();
+        for end in 0..body.len() {
+            if inc.feed(&body[..end]).is_err() {
+                break;
+            }
+        }
+        inc.finish(body)
     }
 
+    /// Accepted by `scan`, and by the incremental scan in one piece and byte by byte.
+    fn ok(body: &str) -> TopLevel {
+        let top = scan(body.as_bytes()).unwrap_or_else(|e| panic!("{body:?} refused: {e}"));
+        assert_eq!(
+            Incremental::new().finish(body.as_bytes()),
+            Ok(top),
+            "{body:?}"
+        );
+        assert_eq!(bytewise(body.as_bytes()), Ok(top), "{body:?}");
+        top
+    }
+
+    /// Refused by `scan`, and by the incremental scan in one piece and byte by byte.
     fn refused(body: impl AsRef<[u8]>) -> ScanError {
         let body = body.as_ref();
+        let show = || String::from_utf8_lossy(body).into_owned();
+        assert!(Incremental::new().finish(body).is_err(), "{:?}", show());
+        assert!(bytewise(body).is_err(), "{:?}", show());
         match scan(body) {
             Err(e) => e,
-            Ok(top) => panic!("{:?} accepted: {top:?}", String::from_utf8_lossy(body)),
+            Ok(top) => panic!("{:?} accepted: {top:?}", show()),
         }
+    }
+
+    #[test]
+    fn a_long_string_in_many_pieces_is_read_once() {
+        // 300 KB of content with escapes every so often, in 1,000 pieces of odd sizes.
+        let content = r#"abcdefghij\\klmnopqrst\u00e9uvwxyz \""#.repeat(8_000);
+        let body = format!(r#"{{"messages":[{{"content":"{content}"}}],"model":"opus"}}"#);
+        let body = body.as_bytes();
+        let mut inc = Incremental::new();
+        let mut end = 0;
+        let mut inside = 0;
+        while end < body.len() {
+            end = (end + 307).min(body.len());
+            inc.feed(&body[..end]).expect("a valid prefix");
+            // Each feed stops at the end of what it has (or at a cut escape's backslash,
+            // at most 5 bytes before it): the next starts there, not at the string's start.
+            assert!(end - inc.i <= 5, "resumed at {} of {end}", inc.i);
+            if inc.state == State::ValueString {
+                inside += 1;
+            }
+        }
+        assert!(inside > 900, "{inside}");
+        let top = inc.finish(body).expect("valid");
+        assert_eq!(top, scan(body).expect("valid"));
+        assert_eq!(&body[top.model.expect("model").0..][..6], br#""opus""#);
+    }
+
+    #[test]
+    fn an_invalid_prefix_is_refused_as_soon_as_it_arrives() {
+        for (prefix, at) in [
+            ("[", None),
+            (" x", None),
+            (r#"{"a":tru "#, Some(5)),
+            (r#"{"a":nulx"#, Some(5)),
+            (r#"{"a":"\x"#, Some(7)),
+            (r#"{"a":"\u12G"#, Some(7)),
+            ("{\"a\":\"\n", Some(6)),
+            (r#"{"a":01"#, Some(6)),
+            (r#"{"a":1.x"#, Some(7)),
+            (r#"{"a":1,}"#, Some(7)),
+            (r#"{"a":[1 2"#, Some(8)),
+            // A second model is refused at its key, before its value arrives.
+            (r#"{"model":"a","model""#, Some(13)),
+            (r#"{"model":"a","mod\u0065l""#, Some(13)),
+            (r#"{"a":1} x"#, Some(8)),
+        ] {
+            let body = prefix.as_bytes();
+            let mut inc = Incremental::new();
+            inc.feed(&body[..body.len() - 1])
+                .unwrap_or_else(|e| panic!("{prefix:?} less its last byte: {e}"));
+            let e = inc.feed(body).expect_err(prefix);
+            match at {
+                None => assert_eq!(e, ScanError::NotAnObject, "{prefix:?}"),
+                Some(at) => assert!(
+                    matches!(e, ScanError::Invalid { at: a, .. } if a == at),
+                    "{prefix:?}: {e}"
+                ),
+            }
+            // The refusal sticks, and the complete body is refused too.
+            assert_eq!(inc.feed(body), Err(e));
+            let whole = format!("{prefix}}}");
+            assert!(scan(whole.as_bytes()).is_err(), "{whole}");
+        }
+        // What could still become valid is not refused: every prefix of a request.
+        let body = br#" {"model" : "op\u0075s", "n": -1.5e+3, "t":true, "m":[null,{}]} "#;
+        let mut inc = Incremental::new();
+        for end in 0..=body.len() {
+            inc.feed(&body[..end]).expect("a prefix of a valid body");
+        }
+        assert_eq!(inc.finish(body), scan(body));
+    }
+
+    #[test]
+    fn a_shrinking_body_is_refused_not_a_panic() {
+        let mut inc = Incremental::new();
+        inc.feed(br#"{"model":"opus""#).expect("prefix");
+        assert!(inc.feed(br#"{"mo"#).is_err());
     }
 
     fn raw(body: &str, span: Option<(usize, usize)>) -> Option<&str> {

@@ -4,7 +4,8 @@
 //!
 //! Every body is also fed to `body_scan::Incremental` in pieces (one byte at a time, and
 //! at random cut points, which land inside escapes, `\u` escapes, numbers, literals, keys
-//! and the model value) and must give exactly what `scan` gives, error included.
+//! and the model value) and must find the same spans and refuse the same bodies as `scan`
+//! (a refusal's text may differ: see `Incremental`).
 //!
 //! The generator is a fixed-seed PRNG, so a failure reproduces; it prints the document.
 //! Nesting stays far below `MAX_DEPTH` (the one place the scanner is deliberately stricter;
