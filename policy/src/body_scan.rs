@@ -32,8 +32,17 @@
 //!   at 128 (serde_json's `Value` does), and refusing here keeps the scanner's stack a
 //!   fixed array.
 //!
+//! [`Incremental`] is the same scan for a body that arrives in pieces (the wasm filter gets
+//! Envoy's body chunk by chunk): it resumes where the last piece ended, inside a string
+//! too, so scanning overlaps the upload and only the last piece's scan is on the request's
+//! latency. It refuses as soon as a prefix cannot become valid. It is a second copy of the
+//! grammar, not `scan`'s replacement: shaped as a resumable loop it runs 15-20% more
+//! instructions per byte than `scan` (callgrind, natively; 1.1-1.3x the time in V8), and
+//! one-shot callers should not pay that.
+//!
 //! `policy/tests/body_scan.rs` checks all of this against serde_json itself on generated
-//! documents and their mutations.
+//! documents and their mutations, and [`Incremental`] against `scan` on the same bodies
+//! fed byte by byte and cut at random points.
 
 use std::fmt;
 
@@ -623,7 +632,16 @@ enum Num {
 /// (only a literal such as `true` or an escape cut by a piece boundary is read again).
 /// Holds no allocation; its state is a few words (the open containers are a bit set).
 ///
-/// [`scan`] is `Incremental::new().finish(body)`.
+/// Equivalence with [`scan`]: for every body and every way of cutting it, feeding the
+/// growing prefixes and then finishing gives `scan(body)`'s spans, and refuses exactly
+/// the bodies `scan` refuses (`Incremental::new().finish(body)` is the one-shot form).
+/// A refusal's position and text are the same except where the input ends early (the
+/// end-of-input messages name the state the scan stopped in), and a second `model` or
+/// `stream` is refused at its key, before its value (`scan` checks the value first).
+///
+/// Cost: string contents are skipped 16 bytes per step as in `scan`; a piece boundary
+/// costs re-reading at most a literal (`false`) or a cut escape (`\u00e9`). Numbers
+/// resume in place. Nothing is allocated.
 #[derive(Debug, Clone)]
 pub struct Incremental {
     /// Bytes before `i` are scanned; the next feed starts at `i` in `state`.

@@ -271,7 +271,7 @@ fn check_pieces(rng: &mut Rng, body: &[u8]) {
     if rng.chance(33) {
         assert_eq!(
             pieces(body, 0..=body.len()).ok(),
-            want.clone().ok(),
+            want.ok(),
             "byte by byte: {:?}",
             show()
         );
