@@ -37,7 +37,7 @@
 //! too, so scanning overlaps the upload and only the last piece's scan is on the request's
 //! latency. It refuses as soon as a prefix cannot become valid. It is a second copy of the
 //! grammar, not `scan`'s replacement: shaped as a resumable loop it runs 15-20% more
-//! instructions per byte than `scan` (callgrind, natively; 1.1-1.3x the time in V8), and
+//! instructions per byte than `scan` (callgrind, natively; about 1.1x the time in V8), and
 //! one-shot callers should not pay that.
 //!
 //! `policy/tests/body_scan.rs` checks all of this against serde_json itself on generated
