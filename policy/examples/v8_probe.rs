@@ -31,13 +31,29 @@ fn scan_probe(body: &[u8]) -> Option<(usize, bool)> {
     ))
 }
 
+/// The scan fed in 64 KB pieces, as the filter feeds it while the body arrives.
+fn pieces_probe(body: &[u8]) -> Option<(usize, bool)> {
+    let mut scan = halo_policy::body_scan::Incremental::new();
+    let mut end = 0;
+    while end < body.len() {
+        end = (end + 64 * 1024).min(body.len());
+        scan.feed(&body[..end]).ok()?;
+    }
+    let top = scan.finish(body).ok()?;
+    let (start, _) = top.model?;
+    Some((
+        start,
+        top.stream.is_some_and(|(a, b)| &body[a..b] == b"true"),
+    ))
+}
+
 /// A buffer of `len` bytes for the host to fill (leaked: the module lives for one run).
 #[unsafe(no_mangle)]
 pub extern "C" fn buffer(len: usize) -> *mut u8 {
     Vec::leak(vec![0u8; len]).as_mut_ptr()
 }
 
-/// Run probe `kind` (0 serde, 1 body_scan) `iters` times over `len` bytes at `ptr`; 0 if
+/// Run probe `kind` (0 serde, 1 body_scan, 2 body_scan in 64 KB pieces) `iters` times over `len` bytes at `ptr`; 0 if
 /// it refused the body, else a checksum the host ignores.
 ///
 /// # Safety
@@ -49,10 +65,10 @@ pub unsafe extern "C" fn run(kind: u32, ptr: *const u8, len: usize, iters: u32) 
     let mut acc = 0u32;
     for _ in 0..iters {
         let body = std::hint::black_box(body);
-        let found = if kind == 0 {
-            serde_probe(body)
-        } else {
-            scan_probe(body)
+        let found = match kind {
+            0 => serde_probe(body),
+            1 => scan_probe(body),
+            _ => pieces_probe(body),
         };
         let Some((start, stream)) = found else {
             return 0;

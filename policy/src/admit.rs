@@ -171,6 +171,31 @@ impl Refusal {
 
 /// Recognise the request and check its model against the policy's aliases.
 pub fn admit(snap: &Snapshot, method: &str, path: &str, body: &[u8]) -> Result<Admission, Refusal> {
+    admit_with(snap, method, path, body, body_scan::scan)
+}
+
+/// [`admit`] for a caller that has already scanned `body` (with
+/// [`body_scan::Incremental`] while it arrived): `scanned` must be what
+/// `body_scan::scan(body)` returns. It is read only where admit would scan, the
+/// body-model wires; elsewhere it is ignored, as admit ignores the body there.
+pub fn admit_scanned(
+    snap: &Snapshot,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    scanned: Result<TopLevel, body_scan::ScanError>,
+) -> Result<Admission, Refusal> {
+    admit_with(snap, method, path, body, |_| scanned)
+}
+
+/// admit, with the body scan it runs for body-model wires (only those call `scan`).
+fn admit_with(
+    snap: &Snapshot,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    scan: impl FnOnce(&[u8]) -> Result<TopLevel, body_scan::ScanError>,
+) -> Result<Admission, Refusal> {
     let path = path.split_once('?').map_or(path, |(p, _)| p);
 
     if path == "/v1/messages/batches" || path.starts_with("/v1/messages/batches/") {
@@ -195,7 +220,7 @@ pub fn admit(snap: &Snapshot, method: &str, path: &str, body: &[u8]) -> Result<A
 
     let (alias, stream, model_in) = match route.model {
         Found::InBody => {
-            let probe = probe_body(body)?;
+            let probe = probe_body(body, scan(body))?;
             let (alias, (start, end)) = probe
                 .model
                 .ok_or_else(|| Refusal::invalid_request("the request body has no \"model\""))?;
@@ -351,8 +376,11 @@ fn model_span(body: &[u8], top: &TopLevel) -> Option<(usize, usize)> {
         .filter(|&(start, end)| body.get(start..end) != Some(b"null".as_slice()))
 }
 
-fn probe_body(body: &[u8]) -> Result<BodyFacts, Refusal> {
-    let top = body_scan::scan(body).map_err(|e| Refusal::invalid_request(e.to_string()))?;
+fn probe_body(
+    body: &[u8],
+    scanned: Result<TopLevel, body_scan::ScanError>,
+) -> Result<BodyFacts, Refusal> {
+    let top = scanned.map_err(|e| Refusal::invalid_request(e.to_string()))?;
     let model = match model_span(body, &top) {
         None => None,
         Some((start, end)) => {
@@ -760,6 +788,67 @@ mod tests {
             rewrite_body_model(br#"{"model":"a"} x"#, "m"),
             Err(RewriteError::Body(_))
         ));
+    }
+
+    #[test]
+    fn admit_scanned_is_admit_without_the_scan() {
+        let s = snap();
+        let cases = [
+            ("POST", "/v1/messages", r#"{"model":"opus","stream":true}"#),
+            (
+                "POST",
+                "/v1/messages/count_tokens",
+                r#"{"model":"opus","stream":true}"#,
+            ),
+            ("POST", "/v1/responses", r#"{"model":"gpt-5"}"#),
+            ("POST", "/v1/messages", r#"{"model":"opus","model":"opus"}"#),
+            ("POST", "/v1/messages", r#"{"model":"opus""#),
+            ("POST", "/v1/messages", r#"{"model":7}"#),
+            ("POST", "/v1/messages", "[]"),
+            ("GET", "/v1/messages", r#"{"model":"opus"}"#),
+            ("POST", "/v1/messages/batches", r#"{"model":"opus"}"#),
+            ("GET", "/v1/models", "not json"),
+            ("POST", "/model/opus/invoke", "not json"),
+            ("POST", "/v1beta/models/gemini-pro:generateContent", "{"),
+            ("POST", "/nowhere", "{}"),
+        ];
+        for (method, path, body) in cases {
+            let body = body.as_bytes();
+            let mut inc = body_scan::Incremental::new();
+            for end in 0..=body.len() {
+                if inc.feed(&body[..end]).is_err() {
+                    break;
+                }
+            }
+            let scanned = inc.finish(body);
+            assert_eq!(
+                admit_scanned(&s, method, path, body, scanned),
+                admit(&s, method, path, body),
+                "{method} {path}"
+            );
+        }
+        // Path-model wires and the model list never read the scan, as admit never reads
+        // their body: a refused scan changes nothing there.
+        let refused = Err(body_scan::ScanError::NotAnObject);
+        for (method, path) in [
+            ("GET", "/v1/models"),
+            ("POST", "/model/opus/invoke"),
+            ("POST", "/v1beta/models/gemini-pro:generateContent"),
+        ] {
+            assert_eq!(
+                admit_scanned(&s, method, path, b"{}", refused),
+                admit(&s, method, path, b"{}"),
+                "{method} {path}"
+            );
+        }
+        // A body-model wire takes the scan it is given (the caller's, not a second one).
+        let r = admit_scanned(&s, "POST", "/v1/messages", br#"{"model":"opus"}"#, refused);
+        assert_eq!(
+            r,
+            Err(Refusal::invalid_request(
+                "the request body is not a JSON object"
+            ))
+        );
     }
 
     #[test]

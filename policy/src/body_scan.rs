@@ -32,8 +32,17 @@
 //!   at 128 (serde_json's `Value` does), and refusing here keeps the scanner's stack a
 //!   fixed array.
 //!
+//! [`Incremental`] is the same scan for a body that arrives in pieces (the wasm filter gets
+//! Envoy's body chunk by chunk): it resumes where the last piece ended, inside a string
+//! too, so scanning overlaps the upload and only the last piece's scan is on the request's
+//! latency. It refuses as soon as a prefix cannot become valid. It is a second copy of the
+//! grammar, not `scan`'s replacement: shaped as a resumable loop it runs 15-20% more
+//! instructions per byte than `scan` (callgrind, natively; about 1.1x the time in V8), and
+//! one-shot callers should not pay that.
+//!
 //! `policy/tests/body_scan.rs` checks all of this against serde_json itself on generated
-//! documents and their mutations.
+//! documents and their mutations, and [`Incremental`] against `scan` on the same bodies
+//! fed byte by byte and cut at random points.
 
 use std::fmt;
 
@@ -71,7 +80,7 @@ impl fmt::Display for ScanError {
 
 impl std::error::Error for ScanError {}
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Key {
     Model,
     Stream,
@@ -567,20 +576,733 @@ impl Scanner<'_> {
     }
 }
 
+/// The grammar position a scan stopped at: what the next byte may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Before the top-level `{` (whitespace so far).
+    Start,
+    /// After a `{`: a key or `}`.
+    ObjectOpen,
+    /// After a `[`: a value or `]`.
+    ArrayOpen,
+    /// After a `,` in an object: a key.
+    Key,
+    /// Inside a key's string, after its opening quote.
+    KeyString,
+    /// After a key: `:`.
+    Colon,
+    /// A value (a literal is rewound to its first byte until all of it has arrived).
+    Value,
+    /// Inside a string value, after its opening quote.
+    ValueString,
+    /// Inside a number (where: `Incremental::num`).
+    Number,
+    /// A value ended just before `i` (a container's close included).
+    Closed,
+    /// After a value: `,` or the close of its container.
+    AfterValue,
+    /// After the top-level object: whitespace only.
+    Done,
+}
+
+/// Where in `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` a number is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Num {
+    /// After `-`: a digit.
+    Minus,
+    /// After a leading `0`: no further integer digit.
+    Zero,
+    /// In the integer digits.
+    Int,
+    /// After `.`: a digit.
+    Dot,
+    /// In the fraction digits.
+    Frac,
+    /// After `e`/`E`: a sign or digit.
+    Exp,
+    /// After the exponent's sign: a digit.
+    ExpSign,
+    /// In the exponent digits.
+    ExpDigits,
+}
+
+/// The scan of a body that arrives in pieces: [`Incremental::feed`] each time more of it
+/// has arrived, [`Incremental::finish`] once it is complete. The work over all feeds is one
+/// pass over the body: a feed resumes where the previous one stopped, inside a string too
+/// (only a literal such as `true` or an escape cut by a piece boundary is read again).
+/// Holds no allocation; its state is a few words (the open containers are a bit set).
+///
+/// Equivalence with [`scan`]: for every body and every way of cutting it, feeding the
+/// growing prefixes and then finishing gives `scan(body)`'s spans, and refuses exactly
+/// the bodies `scan` refuses (`Incremental::new().finish(body)` is the one-shot form).
+/// A refusal's position and text are the same except where the input ends early (the
+/// end-of-input messages name the state the scan stopped in), and a second `model` or
+/// `stream` is refused at its key, before its value (`scan` checks the value first).
+///
+/// Cost: string contents are skipped 16 bytes per step as in `scan`; a piece boundary
+/// costs re-reading at most a literal (`false`) or a cut escape (`\u00e9`). Numbers
+/// resume in place. Nothing is allocated.
+#[derive(Debug, Clone)]
+pub struct Incremental {
+    /// Bytes before `i` are scanned; the next feed starts at `i` in `state`.
+    i: usize,
+    state: State,
+    /// Open containers; the top-level object is depth 1.
+    depth: u32,
+    /// Whether the container at depth `d` is an object: bit `d % 64` of word `d / 64`
+    /// (depth <= MAX_DEPTH < 128; two words, as a u128's variable shift is a dozen wasm
+    /// instructions).
+    objects: [u64; 2],
+    /// The current string has an escape (matters for top-level keys only).
+    escaped: bool,
+    num: Num,
+    /// The current top-level member: where its key starts, which it is, where its value
+    /// starts.
+    key_start: usize,
+    key: Key,
+    value_start: usize,
+    out: TopLevel,
+    /// Once refused, every later call answers the same.
+    failed: Option<ScanError>,
+}
+
+impl Default for Incremental {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A string's scan from some point inside it.
+enum Str {
+    /// Closed: the index after its closing quote.
+    Closed(usize),
+    /// The input ended inside it: resume at this index (the end, or a cut escape's `\`).
+    More(usize),
+    Bad(usize, &'static str),
+}
+
+/// The rest of a string from `i` (inside it, not inside an escape). Sets `escaped` when it
+/// meets an escape.
+#[inline(always)]
+fn string(b: &[u8], mut i: usize, escaped: &mut bool) -> Str {
+    loop {
+        i = skip_plain(b, i);
+        match b.get(i) {
+            Some(b'"') => return Str::Closed(i + 1),
+            Some(b'\\') => {
+                *escaped = true;
+                match b.get(i + 1) {
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                    Some(b'u') => {
+                        let hex = &b[(i + 2).min(b.len())..(i + 6).min(b.len())];
+                        if !hex.iter().all(u8::is_ascii_hexdigit) {
+                            return Str::Bad(i + 1, "invalid \\u escape");
+                        }
+                        if hex.len() < 4 {
+                            return Str::More(i);
+                        }
+                        i += 6;
+                    }
+                    Some(_) => return Str::Bad(i + 1, "invalid escape"),
+                    None => return Str::More(i),
+                }
+            }
+            Some(&c) if c < 0x20 => return Str::Bad(i, "control character in a string"),
+            Some(_) => i += 1,
+            None => return Str::More(i),
+        }
+    }
+}
+
+/// The rest of a number from `i` in `phase`. `Ok(Ok(end))`: it ended before `end`;
+/// `Ok(Err(phase))`: the input ended in it, at `phase`.
+#[inline]
+fn number(
+    b: &[u8],
+    mut i: usize,
+    mut phase: Num,
+) -> Result<Result<usize, Num>, (usize, &'static str)> {
+    loop {
+        let Some(&c) = b.get(i) else {
+            return Ok(Err(phase));
+        };
+        let digit = c.is_ascii_digit();
+        phase = match phase {
+            Num::Minus => match c {
+                b'0' => Num::Zero,
+                b'1'..=b'9' => Num::Int,
+                _ => return Err((i, "invalid number")),
+            },
+            Num::Zero | Num::Int | Num::Frac if c == b'e' || c == b'E' => Num::Exp,
+            Num::Zero | Num::Int if c == b'.' => Num::Dot,
+            Num::Zero if digit => return Err((i, "invalid number (leading zero)")),
+            Num::Int | Num::Frac | Num::ExpDigits if digit => phase,
+            Num::Dot if digit => Num::Frac,
+            Num::Dot => return Err((i, "invalid number (no digit after '.')")),
+            Num::Exp if c == b'+' || c == b'-' => Num::ExpSign,
+            Num::Exp | Num::ExpSign if digit => Num::ExpDigits,
+            Num::Exp | Num::ExpSign => return Err((i, "invalid number (no exponent digit)")),
+            Num::Zero | Num::Int | Num::Frac | Num::ExpDigits => return Ok(Ok(i)),
+        };
+        i += 1;
+    }
+}
+
+/// Whether the open container at `depth` is an object.
+#[inline(always)]
+fn is_object(objects: &[u64; 2], depth: u32) -> bool {
+    objects[(depth >> 6) as usize & 1] >> (depth & 63) & 1 != 0
+}
+
+#[inline(always)]
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    // Compact JSON has no whitespace: one compare settles it.
+    if b.get(i).is_some_and(|&c| c > b' ') {
+        return i;
+    }
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+impl Incremental {
+    pub fn new() -> Self {
+        Incremental {
+            i: 0,
+            state: State::Start,
+            depth: 0,
+            objects: [0; 2],
+            escaped: false,
+            num: Num::Int,
+            key_start: 0,
+            key: Key::Other,
+            value_start: 0,
+            out: TopLevel::default(),
+            failed: None,
+        }
+    }
+
+    /// `body` is everything received so far: what the previous call was given plus what has
+    /// arrived since (the caller keeps one growing buffer and never changes bytes already
+    /// fed). Scans the new bytes; `Err` as soon as the body can no longer become valid
+    /// JSON that [`scan`] accepts, whatever follows, so a bad body is refused early. After
+    /// an `Err`, every later call returns the same `Err`.
+    pub fn feed(&mut self, body: &[u8]) -> Result<(), ScanError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        if body.len() < self.i {
+            return Err(self.fail(body.len(), "the body shrank between pieces"));
+        }
+        self.run(body)
+    }
+
+    /// The body is complete and `body` is all of it: the result [`scan`] gives for it (the
+    /// spans index `body`).
+    pub fn finish(mut self, body: &[u8]) -> Result<TopLevel, ScanError> {
+        self.feed(body)?;
+        match self.state {
+            State::Done => Ok(self.out),
+            State::Start => Err(ScanError::NotAnObject),
+            state => Err(ScanError::Invalid {
+                at: body.len(),
+                what: match state {
+                    State::KeyString | State::ValueString => "end of input inside a string",
+                    State::Value | State::Colon => "end of input where a value was expected",
+                    _ if self.depth == 1 => "end of input inside the object",
+                    _ => "end of input inside a container",
+                },
+            }),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn fail(&mut self, at: usize, what: &'static str) -> ScanError {
+        let e = ScanError::Invalid { at, what };
+        self.failed = Some(e);
+        e
+    }
+
+    /// A top-level member's value ended before `end`: record it if it is `model` or `stream`.
+    #[inline(never)]
+    fn top_value(&mut self, b: &[u8], start: usize, end: usize) -> Result<(), ScanError> {
+        let slot = match self.key {
+            Key::Model => &mut self.out.model,
+            Key::Stream => &mut self.out.stream,
+            Key::Other => return Ok(()),
+        };
+        if std::str::from_utf8(&b[start..end]).is_err() {
+            return Err(self.fail(start, "invalid UTF-8"));
+        }
+        *slot = Some((start, end));
+        Ok(())
+    }
+
+    /// A top-level key ended before `end`: which member it names, refusing a second `model`
+    /// or `stream` (the refusal comes before its value is read).
+    #[inline(never)]
+    fn top_key(
+        &mut self,
+        b: &[u8],
+        start: usize,
+        end: usize,
+        escaped: bool,
+    ) -> Result<(), ScanError> {
+        let key = top_level_key(&b[start..end], escaped).map_err(|what| self.fail(start, what))?;
+        let seen = match key {
+            Key::Model => self.out.model.is_some(),
+            Key::Stream => self.out.stream.is_some(),
+            Key::Other => false,
+        };
+        if seen {
+            return Err(self.fail(
+                start,
+                if key == Key::Model {
+                    "duplicate field \"model\""
+                } else {
+                    "duplicate field \"stream\""
+                },
+            ));
+        }
+        self.key = key;
+        Ok(())
+    }
+
+    /// Scan from `self.i` to the end of `b` (or the first invalid byte). The hot state
+    /// lives in locals and is written back when the input runs out.
+    ///
+    /// Shaped like a one-shot recursive-descent walk, not a `match` on the state per token
+    /// (which cost 15-20% more instructions): the loop knows only "a value is expected"
+    /// and "a value ended", keys and colons are read inline, and every place the input can
+    /// run out stores the state it stopped in. A resumed feed first finishes the step it
+    /// stopped in (a key, a colon, an empty-container check), then joins the loop.
+    fn run(&mut self, b: &[u8]) -> Result<(), ScanError> {
+        let mut i = self.i;
+        let mut state = self.state;
+        let mut depth = self.depth;
+        let mut objects = self.objects;
+        // The current container's bit, kept at hand: every value's end reads it.
+        let mut in_object = is_object(&objects, depth);
+        let mut escaped = self.escaped;
+        let mut num = self.num;
+        let mut key_start = self.key_start;
+        let mut value_start = self.value_start;
+        'scan: {
+            macro_rules! suspend {
+                ($state:expr) => {{
+                    state = $state;
+                    break 'scan;
+                }};
+            }
+            macro_rules! fail {
+                ($at:expr, $what:expr) => {
+                    return Err(self.fail($at, $what))
+                };
+            }
+            // At a key's opening quote (whitespace skipped).
+            macro_rules! key_open {
+                () => {
+                    match b.get(i) {
+                        Some(b'"') => {
+                            key_start = i;
+                            escaped = false;
+                            i += 1;
+                        }
+                        Some(_) => fail!(i, "expected a string key"),
+                        None => suspend!(State::Key),
+                    }
+                };
+            }
+            // Inside a key: its rest, then the colon.
+            macro_rules! key_rest {
+                () => {
+                    match string(b, i, &mut escaped) {
+                        Str::Closed(end) => {
+                            i = end;
+                            if depth == 1 {
+                                self.top_key(b, key_start, i, escaped)?;
+                            }
+                        }
+                        Str::More(at) => {
+                            i = at;
+                            suspend!(State::KeyString)
+                        }
+                        Str::Bad(at, what) => fail!(at, what),
+                    }
+                    colon!();
+                };
+            }
+            macro_rules! colon {
+                () => {
+                    i = skip_ws(b, i);
+                    match b.get(i) {
+                        Some(b':') => i += 1,
+                        Some(_) => fail!(i, "expected ':'"),
+                        None => suspend!(State::Colon),
+                    }
+                    state = State::Value;
+                };
+            }
+            macro_rules! close {
+                () => {
+                    i += 1;
+                    depth -= 1;
+                    in_object = is_object(&objects, depth);
+                    state = State::Closed;
+                };
+            }
+            // After a `{`: `}` or the first key.
+            macro_rules! object_open {
+                () => {
+                    i = skip_ws(b, i);
+                    match b.get(i) {
+                        Some(b'}') => {
+                            close!();
+                        }
+                        None => suspend!(State::ObjectOpen),
+                        Some(_) => {
+                            key_open!();
+                            key_rest!();
+                        }
+                    }
+                };
+            }
+            // After a `[`: `]` or the first value.
+            macro_rules! array_open {
+                () => {
+                    i = skip_ws(b, i);
+                    match b.get(i) {
+                        Some(b']') => {
+                            close!();
+                        }
+                        None => suspend!(State::ArrayOpen),
+                        Some(_) => state = State::Value,
+                    }
+                };
+            }
+
+            // Resume a step that is not the loop's.
+            match state {
+                State::Start => {
+                    i = skip_ws(b, i);
+                    match b.get(i) {
+                        Some(b'{') => {
+                            i += 1;
+                            depth = 1;
+                            objects = [1 << 1, 0];
+                            in_object = true;
+                            object_open!();
+                        }
+                        Some(_) => {
+                            self.failed = Some(ScanError::NotAnObject);
+                            return Err(ScanError::NotAnObject);
+                        }
+                        None => suspend!(State::Start),
+                    }
+                }
+                State::ObjectOpen => {
+                    object_open!();
+                }
+                State::Key => {
+                    i = skip_ws(b, i);
+                    key_open!();
+                    key_rest!();
+                }
+                State::KeyString => {
+                    key_rest!();
+                }
+                State::Colon => {
+                    colon!();
+                }
+                State::ArrayOpen => {
+                    array_open!();
+                }
+                State::Value
+                | State::ValueString
+                | State::Number
+                | State::Closed
+                | State::AfterValue
+                | State::Done => {}
+            }
+
+            loop {
+                if state == State::Value {
+                    i = skip_ws(b, i);
+                    if depth == 1 {
+                        value_start = i;
+                    }
+                    match b.get(i) {
+                        Some(b'"') => {
+                            // The common case, read here rather than through the state.
+                            match string(b, i + 1, &mut escaped) {
+                                Str::Closed(end) => {
+                                    i = end;
+                                    state = State::Closed;
+                                }
+                                Str::More(at) => {
+                                    i = at;
+                                    suspend!(State::ValueString);
+                                }
+                                Str::Bad(at, what) => fail!(at, what),
+                            }
+                        }
+                        Some(&open @ (b'{' | b'[')) => {
+                            if depth >= MAX_DEPTH {
+                                fail!(i, "nesting too deep");
+                            }
+                            i += 1;
+                            depth += 1;
+                            in_object = open == b'{';
+                            let (word, bit) = ((depth >> 6) as usize & 1, 1u64 << (depth & 63));
+                            if in_object {
+                                objects[word] |= bit;
+                                object_open!();
+                            } else {
+                                objects[word] &= !bit;
+                                array_open!();
+                            }
+                            continue;
+                        }
+                        Some(&c @ (b't' | b'f' | b'n')) => {
+                            let word: &[u8] = match c {
+                                b't' => b"true",
+                                b'f' => b"false",
+                                _ => b"null",
+                            };
+                            let rest = &b[i..];
+                            if rest.len() >= word.len() {
+                                if &rest[..word.len()] != word {
+                                    fail!(i, "invalid literal");
+                                }
+                                i += word.len();
+                                state = State::Closed;
+                            } else if word.starts_with(rest) {
+                                // Cut by the end of the piece: read again from its start.
+                                suspend!(State::Value);
+                            } else {
+                                fail!(i, "invalid literal");
+                            }
+                        }
+                        Some(&c @ (b'-' | b'0'..=b'9')) => {
+                            i += 1;
+                            num = match c {
+                                b'-' => Num::Minus,
+                                b'0' => Num::Zero,
+                                _ => Num::Int,
+                            };
+                            state = State::Number;
+                        }
+                        Some(_) => fail!(i, "expected a value"),
+                        None => suspend!(State::Value),
+                    }
+                }
+                if state == State::ValueString {
+                    match string(b, i, &mut escaped) {
+                        Str::Closed(end) => {
+                            i = end;
+                            state = State::Closed;
+                        }
+                        Str::More(at) => {
+                            i = at;
+                            suspend!(State::ValueString);
+                        }
+                        Str::Bad(at, what) => fail!(at, what),
+                    }
+                }
+                if state == State::Number {
+                    match number(b, i, num) {
+                        Ok(Ok(end)) => {
+                            i = end;
+                            state = State::Closed;
+                        }
+                        Ok(Err(phase)) => {
+                            i = b.len();
+                            num = phase;
+                            suspend!(State::Number);
+                        }
+                        Err((at, what)) => fail!(at, what),
+                    }
+                }
+                // A value (a container's close included) ended at `i`; `depth` is its
+                // container's. A top-level one is recorded. Then `,` or closes until one.
+                loop {
+                    if state == State::Closed {
+                        if depth == 0 {
+                            state = State::Done;
+                            break;
+                        }
+                        if depth == 1 {
+                            self.top_value(b, value_start, i)?;
+                        }
+                        state = State::AfterValue;
+                    }
+                    if state != State::AfterValue {
+                        break;
+                    }
+                    i = skip_ws(b, i);
+                    match b.get(i) {
+                        Some(b',') => {
+                            i += 1;
+                            if in_object {
+                                i = skip_ws(b, i);
+                                key_open!();
+                                key_rest!();
+                            } else {
+                                state = State::Value;
+                            }
+                            break;
+                        }
+                        Some(b'}') if in_object => {}
+                        Some(b']') if !in_object => {}
+                        Some(_) => fail!(
+                            i,
+                            if in_object {
+                                "expected ',' or '}'"
+                            } else {
+                                "expected ',' or ']'"
+                            }
+                        ),
+                        None => suspend!(State::AfterValue),
+                    }
+                    close!();
+                }
+                if state == State::Done {
+                    i = skip_ws(b, i);
+                    if i != b.len() {
+                        fail!(i, "trailing characters");
+                    }
+                    break 'scan;
+                }
+            }
+        }
+        self.i = i;
+        self.state = state;
+        self.depth = depth;
+        self.objects = objects;
+        self.escaped = escaped;
+        self.num = num;
+        self.key_start = key_start;
+        self.value_start = value_start;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ok(body: &str) -> TopLevel {
-        scan(body.as_bytes()).unwrap_or_else(|e| panic!("{body:?} refused: {e}"))
+    /// `body` fed one byte at a time, then finished.
+    fn bytewise(body: &[u8]) -> Result<TopLevel, ScanError> {
+        let mut inc = Incremental::new();
+        for end in 0..body.len() {
+            if inc.feed(&body[..end]).is_err() {
+                break;
+            }
+        }
+        inc.finish(body)
     }
 
+    /// Accepted by `scan`, and by the incremental scan in one piece and byte by byte.
+    fn ok(body: &str) -> TopLevel {
+        let top = scan(body.as_bytes()).unwrap_or_else(|e| panic!("{body:?} refused: {e}"));
+        assert_eq!(
+            Incremental::new().finish(body.as_bytes()),
+            Ok(top),
+            "{body:?}"
+        );
+        assert_eq!(bytewise(body.as_bytes()), Ok(top), "{body:?}");
+        top
+    }
+
+    /// Refused by `scan`, and by the incremental scan in one piece and byte by byte.
     fn refused(body: impl AsRef<[u8]>) -> ScanError {
         let body = body.as_ref();
+        let show = || String::from_utf8_lossy(body).into_owned();
+        assert!(Incremental::new().finish(body).is_err(), "{:?}", show());
+        assert!(bytewise(body).is_err(), "{:?}", show());
         match scan(body) {
             Err(e) => e,
-            Ok(top) => panic!("{:?} accepted: {top:?}", String::from_utf8_lossy(body)),
+            Ok(top) => panic!("{:?} accepted: {top:?}", show()),
         }
+    }
+
+    #[test]
+    fn a_long_string_in_many_pieces_is_read_once() {
+        // 300 KB of content with escapes every so often, in 1,000 pieces of odd sizes.
+        let content = r#"abcdefghij\\klmnopqrst\u00e9uvwxyz \""#.repeat(8_000);
+        let body = format!(r#"{{"messages":[{{"content":"{content}"}}],"model":"opus"}}"#);
+        let body = body.as_bytes();
+        let mut inc = Incremental::new();
+        let mut end = 0;
+        let mut inside = 0;
+        while end < body.len() {
+            end = (end + 307).min(body.len());
+            inc.feed(&body[..end]).expect("a valid prefix");
+            // Each feed stops at the end of what it has (or at a cut escape's backslash,
+            // at most 5 bytes before it): the next starts there, not at the string's start.
+            assert!(end - inc.i <= 5, "resumed at {} of {end}", inc.i);
+            if inc.state == State::ValueString {
+                inside += 1;
+            }
+        }
+        assert!(inside > 900, "{inside}");
+        let top = inc.finish(body).expect("valid");
+        assert_eq!(top, scan(body).expect("valid"));
+        assert_eq!(&body[top.model.expect("model").0..][..6], br#""opus""#);
+    }
+
+    #[test]
+    fn an_invalid_prefix_is_refused_as_soon_as_it_arrives() {
+        for (prefix, at) in [
+            ("[", None),
+            (" x", None),
+            (r#"{"a":tru "#, Some(5)),
+            (r#"{"a":nulx"#, Some(5)),
+            (r#"{"a":"\x"#, Some(7)),
+            (r#"{"a":"\u12G"#, Some(7)),
+            ("{\"a\":\"\n", Some(6)),
+            (r#"{"a":01"#, Some(6)),
+            (r#"{"a":1.x"#, Some(7)),
+            (r#"{"a":1,}"#, Some(7)),
+            (r#"{"a":[1 2"#, Some(8)),
+            // A second model is refused at its key, before its value arrives.
+            (r#"{"model":"a","model""#, Some(13)),
+            (r#"{"model":"a","mod\u0065l""#, Some(13)),
+            (r#"{"a":1} x"#, Some(8)),
+        ] {
+            let body = prefix.as_bytes();
+            let mut inc = Incremental::new();
+            inc.feed(&body[..body.len() - 1])
+                .unwrap_or_else(|e| panic!("{prefix:?} less its last byte: {e}"));
+            let e = inc.feed(body).expect_err(prefix);
+            match at {
+                None => assert_eq!(e, ScanError::NotAnObject, "{prefix:?}"),
+                Some(at) => assert!(
+                    matches!(e, ScanError::Invalid { at: a, .. } if a == at),
+                    "{prefix:?}: {e}"
+                ),
+            }
+            // The refusal sticks, and the complete body is refused too.
+            assert_eq!(inc.feed(body), Err(e));
+            let whole = format!("{prefix}}}");
+            assert!(scan(whole.as_bytes()).is_err(), "{whole}");
+        }
+        // What could still become valid is not refused: every prefix of a request.
+        let body = br#" {"model" : "op\u0075s", "n": -1.5e+3, "t":true, "m":[null,{}]} "#;
+        let mut inc = Incremental::new();
+        for end in 0..=body.len() {
+            inc.feed(&body[..end]).expect("a prefix of a valid body");
+        }
+        assert_eq!(inc.finish(body), scan(body));
+    }
+
+    #[test]
+    fn a_shrinking_body_is_refused_not_a_panic() {
+        let mut inc = Incremental::new();
+        inc.feed(br#"{"model":"opus""#).expect("prefix");
+        assert!(inc.feed(br#"{"mo"#).is_err());
     }
 
     fn raw(body: &str, span: Option<(usize, usize)>) -> Option<&str> {

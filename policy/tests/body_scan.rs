@@ -2,11 +2,16 @@
 //! it replaced did (a struct with `model` and `stream` as `&RawValue`, every other field
 //! skipped), and finds the same spans, on many generated documents and their mutations.
 //!
+//! Every body is also fed to `body_scan::Incremental` in pieces (one byte at a time, and
+//! at random cut points, which land inside escapes, `\u` escapes, numbers, literals, keys
+//! and the model value) and must find the same spans and refuse the same bodies as `scan`
+//! (a refusal's text may differ: see `Incremental`).
+//!
 //! The generator is a fixed-seed PRNG, so a failure reproduces; it prints the document.
 //! Nesting stays far below `MAX_DEPTH` (the one place the scanner is deliberately stricter;
 //! that limit has its own unit tests).
 
-use halo_policy::body_scan::{TopLevel, scan};
+use halo_policy::body_scan::{Incremental, ScanError, TopLevel, scan};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -242,7 +247,50 @@ fn mutate(rng: &mut Rng, doc: &[u8]) -> Vec<u8> {
     out
 }
 
-fn check(body: &[u8], accepted: &mut usize, refused: &mut usize) {
+/// `body` fed to [`Incremental`] in pieces ending at `cuts` (ascending), then finished.
+/// A feed's refusal must be the final answer: it may only refuse what no continuation
+/// could make valid, and this body is one continuation.
+fn pieces(body: &[u8], cuts: impl IntoIterator<Item = usize>) -> Result<TopLevel, ScanError> {
+    let mut inc = Incremental::new();
+    for end in cuts {
+        if let Err(e) = inc.feed(&body[..end]) {
+            let last = inc.finish(body);
+            assert_eq!(last, Err(e), "a refusal must stick");
+            return last;
+        }
+    }
+    inc.finish(body)
+}
+
+/// The incremental scan agrees with `scan` however `body` is cut.
+fn check_pieces(rng: &mut Rng, body: &[u8]) {
+    let want = scan(body);
+    let show = || String::from_utf8_lossy(body).into_owned();
+    // One byte at a time (a third of the bodies: in a debug build this is most of the
+    // test's time).
+    if rng.chance(33) {
+        assert_eq!(
+            pieces(body, 0..=body.len()).ok(),
+            want.ok(),
+            "byte by byte: {:?}",
+            show()
+        );
+    }
+    // A few random cuts (sometimes empty pieces: the same length fed twice).
+    let mut cuts: Vec<usize> = (0..rng.below(6))
+        .map(|_| rng.below(body.len() + 1))
+        .collect();
+    cuts.sort_unstable();
+    assert_eq!(
+        pieces(body, cuts.iter().copied()).ok(),
+        want.ok(),
+        "cut at {cuts:?}: {:?}",
+        show()
+    );
+}
+
+fn check(rng: &mut Rng, body: &[u8], accepted: &mut usize, refused: &mut usize) {
+    check_pieces(rng, body);
     let want = reference(body);
     let got = scanned(body);
     assert_eq!(
@@ -264,10 +312,10 @@ fn scanner_agrees_with_serde_on_generated_documents_and_mutations() {
     let (mut accepted, mut refused) = (0, 0);
     for _ in 0..25_000 {
         let doc = document(&mut rng);
-        check(&doc, &mut accepted, &mut refused);
+        check(&mut rng, &doc, &mut accepted, &mut refused);
         for _ in 0..12 {
             let m = mutate(&mut rng, &doc);
-            check(&m, &mut accepted, &mut refused);
+            check(&mut rng, &m, &mut accepted, &mut refused);
         }
     }
     // Both outcomes are well represented, or the comparison proves little.
@@ -284,10 +332,11 @@ fn scanner_agrees_with_serde_on_every_truncation_of_a_request() {
         "tools":[{"name":"t","input_schema":{"type":"object","properties":{"a":{"type":"array",
         "items":{"enum":[0,-0,1e5,true,false,null,{}, []]}}}}}]}
 "#;
+    let mut rng = Rng(7);
     let (mut accepted, mut refused) = (0, 0);
     for end in 0..=doc.len() {
-        check(&doc[..end], &mut accepted, &mut refused);
-        check(&doc[end..], &mut accepted, &mut refused);
+        check(&mut rng, &doc[..end], &mut accepted, &mut refused);
+        check(&mut rng, &doc[end..], &mut accepted, &mut refused);
     }
     // The whole document, less its leading space, less its trailing newline.
     assert_eq!(accepted, 4);
