@@ -7,6 +7,8 @@ use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use halo_policy::Snapshot;
+use halo_policy::admit;
+use halo_policy::body_scan::Incremental;
 use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -301,6 +303,8 @@ impl RootContext for Root {
             state: self.state.clone(),
             pending: None,
             headers: Vec::new(),
+            body: Vec::new(),
+            scan: None,
             removals: Vec::new(),
             ring: None,
             variant: None,
@@ -317,6 +321,12 @@ struct Http {
     pending: Option<Pending>,
     /// The request headers as they reached this filter, names lowercase.
     headers: Vec<(String, String)>,
+    /// The body received so far. Envoy hands it over in pieces while it arrives; each
+    /// piece is copied in and scanned then, so when the last byte is in only the last
+    /// piece is left to scan (the scan overlaps the upload).
+    body: Vec<u8>,
+    /// The scan of `body`, for requests whose body admit reads.
+    scan: Option<Incremental>,
     removals: Vec<String>,
     ring: Option<String>,
     variant: Option<String>,
@@ -365,12 +375,13 @@ impl Http {
         let Some(pending) = self.pending.take() else {
             return Action::Continue;
         };
+        let scanned = self.scan.take().map(|scan| scan.finish(body));
         let shared = self.state.clone();
         let result = match shared.borrow().as_ref() {
             None => Err(unavailable()),
             Some(state) => {
                 let snap = state.effective.clone();
-                pipeline::on_body(&state.cfg, &snap, &pending, body)
+                pipeline::on_body(&state.cfg, &snap, &pending, body, scanned)
                     .map(|f| (f, state.misconfigured()))
             }
         };
@@ -451,6 +462,14 @@ impl Http {
     }
 }
 
+/// The announced body size, if any.
+fn content_length(headers: &[(String, String)]) -> Option<usize> {
+    headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 fn unavailable() -> Reply {
     Reply {
         status: 503,
@@ -506,6 +525,13 @@ impl HttpContext for Http {
         match head_result {
             Err(reply) => self.reply(reply),
             Ok(pending) => {
+                if admit::body_carries_model(&pending.method, &pending.path) {
+                    self.scan = Some(Incremental::new());
+                    if let Some(len) = content_length(&self.headers) {
+                        // One allocation for the whole body (already bounded by maxBodyBytes).
+                        self.body.reserve_exact(len);
+                    }
+                }
                 self.pending = Some(pending);
                 if end_of_stream {
                     self.finish(&[])
@@ -529,10 +555,25 @@ impl HttpContext for Http {
             self.pending = None;
             return self.reply(Reply::too_large(max));
         }
+        // Envoy reports everything it holds so far: copy in only what is new.
+        if body_size > self.body.len() {
+            let more = self
+                .get_http_request_body(self.body.len(), body_size - self.body.len())
+                .unwrap_or_default();
+            self.body.extend_from_slice(&more);
+        }
         if !end_of_stream {
+            if let Some(scan) = self.scan.as_mut()
+                && scan.feed(&self.body).is_err()
+            {
+                // Invalid already, whatever follows: admit refuses it with the scan's
+                // reason (the error sticks), without waiting for the rest.
+                let body = std::mem::take(&mut self.body);
+                return self.finish(&body);
+            }
             return Action::Pause;
         }
-        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
+        let body = std::mem::take(&mut self.body);
         self.finish(&body)
     }
 

@@ -4,7 +4,8 @@
 //! - [`on_head`] (request headers): fail closed without identity configuration, identity
 //!   (verified claims or the trusted proxy's header), duplicate identity headers, the
 //!   announced body size.
-//! - [`on_body`] (the whole body, at most maxBodyBytes): admit (404/400), decision on the
+//! - [`on_body`] (the whole body, at most maxBodyBytes, with its scan when the glue ran it
+//!   while the body arrived): admit (404/400), decision on the
 //!   kill-list-applied snapshot, route order and the first servable target, the model
 //!   alias rewrite (body or path), hygiene and stamps.
 //!
@@ -16,6 +17,7 @@ use std::net::IpAddr;
 use halo_policy::Snapshot;
 use halo_policy::admit::{self, Admission, ModelLocation, Refusal};
 use halo_policy::assign;
+use halo_policy::body_scan::{ScanError, TopLevel};
 use halo_policy::cluster_names;
 use halo_policy::decide::{self, Caller, Decision, Subject};
 use halo_policy::route;
@@ -292,15 +294,21 @@ pub struct Forward {
     pub decision: Option<Decision>,
 }
 
-/// Body-time steps on the kill-list-applied snapshot `snap`.
+/// Body-time steps on the kill-list-applied snapshot `snap`. `scanned` is the body's scan
+/// when the glue ran it while the body arrived ([`halo_policy::body_scan::Incremental`]);
+/// `None` scans here.
 pub fn on_body(
     cfg: &Config,
     snap: &Snapshot,
     pending: &Pending,
     body: &[u8],
+    scanned: Option<Result<TopLevel, ScanError>>,
 ) -> Result<Forward, Reply> {
-    let admission = admit::admit(snap, &pending.method, &pending.path, body)
-        .map_err(|r| Reply::from_refusal(&r, "admit"))?;
+    let admission = match scanned {
+        Some(scanned) => admit::admit_scanned(snap, &pending.method, &pending.path, body, scanned),
+        None => admit::admit(snap, &pending.method, &pending.path, body),
+    }
+    .map_err(|r| Reply::from_refusal(&r, "admit"))?;
     let call = match admission {
         Admission::ListModels => return list_models(cfg, snap),
         Admission::Model(call) => call,

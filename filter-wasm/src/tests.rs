@@ -240,6 +240,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         &cfg.snapshot,
         &pending,
         br#"{"model":"sonnet","x":1}"#,
+        None,
     )
     .expect("routed");
     assert_eq!(f.cluster, "sonnet-0");
@@ -254,13 +255,34 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         f.stamps
             .contains(&("x-halo-route".into(), "sonnet-0".into()))
     );
-    let r = pipeline::on_body(&cfg, &cfg.snapshot, &pending, br#"{"model":"gpt-4"}"#)
+    // Scanned while it arrived (the glue's way): the same forward.
+    let mut scan = halo_policy::body_scan::Incremental::new();
+    for n in [1, 9, 12, sent.len()] {
+        scan.feed(&sent[..n]).expect("a valid prefix");
+    }
+    let scanned = pipeline::on_body(&cfg, &cfg.snapshot, &pending, sent, Some(scan.finish(sent)))
+        .expect("routed");
+    assert_eq!(scanned, f);
+    // A body whose scan failed on the way is admit's 400, naming the problem.
+    let bad = br#"{"model":"sonnet",}"#;
+    let mut scan = halo_policy::body_scan::Incremental::new();
+    let early = scan.feed(bad);
+    assert!(
+        early.is_err(),
+        "refused as soon as the comma is followed by a brace"
+    );
+    let r = pipeline::on_body(&cfg, &cfg.snapshot, &pending, bad, Some(scan.finish(bad)))
+        .expect_err("invalid JSON");
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body).contains("not valid JSON"));
+
+    let r = pipeline::on_body(&cfg, &cfg.snapshot, &pending, br#"{"model":"gpt-4"}"#, None)
         .expect_err("unknown");
     assert_eq!(r.status, 400);
 
     let mut gem = pending.clone();
     gem.path = "/v1beta/models/gem:generateContent?key=tok&alt=sse".into();
-    let f = pipeline::on_body(&cfg, &cfg.snapshot, &gem, b"{}").expect("gemini");
+    let f = pipeline::on_body(&cfg, &cfg.snapshot, &gem, b"{}", None).expect("gemini");
     assert_eq!(
         f.path.as_deref(),
         Some("/v1beta/models/gemini-2.5-pro:generateContent?alt=sse")

@@ -174,6 +174,16 @@ pub fn admit(snap: &Snapshot, method: &str, path: &str, body: &[u8]) -> Result<A
     admit_with(snap, method, path, body, body_scan::scan)
 }
 
+/// Whether [`admit`] reads this request's body: a POST to a wire that carries its model
+/// in the body. Only then is a body worth scanning while it arrives
+/// ([`body_scan::Incremental`]); every other request's body is never read.
+pub fn body_carries_model(method: &str, path: &str) -> bool {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    method == "POST"
+        && !(path == "/v1/messages/batches" || path.starts_with("/v1/messages/batches/"))
+        && recognise(path).is_some_and(|r| matches!(r.model, Found::InBody))
+}
+
 /// [`admit`] for a caller that has already scanned `body` (with
 /// [`body_scan::Incremental`] while it arrived): `scanned` must be what
 /// `body_scan::scan(body)` returns. It is read only where admit would scan, the
@@ -463,6 +473,27 @@ mod tests {
 
     fn refused(method: &str, path: &str, body: &str) -> Refusal {
         admit(&snap(), method, path, body.as_bytes()).expect_err("must be refused")
+    }
+
+    #[test]
+    fn only_body_model_posts_have_their_body_scanned() {
+        for (method, path) in [
+            ("POST", "/v1/messages"),
+            ("POST", "/v1/messages/count_tokens?beta=true"),
+            ("POST", "/v1/responses"),
+        ] {
+            assert!(body_carries_model(method, path), "{method} {path}");
+        }
+        for (method, path) in [
+            ("GET", "/v1/messages"),
+            ("GET", "/v1/models"),
+            ("POST", "/v1/messages/batches"),
+            ("POST", "/model/m/invoke"),
+            ("POST", "/v1beta/models/g:generateContent"),
+            ("POST", "/elsewhere"),
+        ] {
+            assert!(!body_carries_model(method, path), "{method} {path}");
+        }
     }
 
     #[test]

@@ -463,3 +463,128 @@ async fn openai_responses_wire_is_routed_with_the_model_rewritten() {
     assert_eq!(s.json()["model"], "gpt-5-codex");
     assert_eq!(s.json()["input"], "hi");
 }
+
+/// Write a chunked POST /v1/messages whose body is `pieces`, one HTTP chunk each, with a
+/// short pause between them so Envoy reads them as separate pieces (what a slow upload
+/// looks like; the assertions hold however Envoy happens to group them). With `finish`
+/// false the body is left open after the last piece. Returns the raw response head and
+/// body read within 10 s, or what arrived by then.
+fn post_in_pieces(port: u16, auth: &str, pieces: &[&[u8]], finish: bool) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).expect("head");
+    for piece in pieces {
+        let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+        chunk.extend_from_slice(piece);
+        chunk.extend_from_slice(b"\r\n");
+        if s.write_all(&chunk).is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if finish {
+        let _ = s.write_all(b"0\r\n\r\n");
+    }
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                // One response: stop once its body (JSON) is complete.
+                let text = String::from_utf8_lossy(&out);
+                if let Some((_, body)) = text.split_once("\r\n\r\n")
+                    && serde_json::from_str::<Value>(body.trim()).is_ok()
+                {
+                    break;
+                }
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let gw = Gateway::start(test_snapshot(&issuer.url, &p), GatewayOptions::default());
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+
+    // Escapes, unicode, numbers and nesting, cut at awkward places: inside the "model"
+    // key, inside escapes and a \u escape, inside a number and a literal.
+    let turn =
+        r#"{"role":"user","content":"quote \" back\\slash caf\u00e9 tab\t","n":-12.5e3,"ok":true}"#;
+    let body = format!(
+        r#"{{"model":"haiku","max_tokens":16,"messages":[{}]}}"#,
+        vec![turn; 2000].join(",")
+    );
+    let bytes = body.as_bytes();
+    let cuts = [
+        4,
+        11,
+        40,
+        45,
+        57,
+        79,
+        86,
+        95,
+        1000,
+        70_000,
+        70_003,
+        bytes.len() - 2,
+    ];
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for cut in cuts {
+        pieces.push(&bytes[at..cut]);
+        at = cut;
+    }
+    pieces.push(&bytes[at..]);
+    let port = gw.port;
+    let (auth, owned): (String, Vec<Vec<u8>>) =
+        (token.clone(), pieces.iter().map(|p| p.to_vec()).collect());
+    let answer = tokio::task::spawn_blocking(move || {
+        let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        post_in_pieces(port, &auth, &pieces, true)
+    })
+    .await
+    .expect("join");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = p.a.seen();
+    assert_eq!(seen.len(), 1, "prov-a serves haiku");
+    let expected = body.replacen(r#""model":"haiku""#, r#""model":"claude-haiku-4-5""#, 1);
+    assert!(
+        seen[0].body == expected.as_bytes(),
+        "the upstream got the client's bytes with only the model changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_invalid_early_is_refused_before_it_is_complete() {
+    let issuer = Issuer::start().await;
+    let p = Providers::start().await;
+    let gw = Gateway::start(test_snapshot(&issuer.url, &p), GatewayOptions::default());
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    // `,]` can never become valid JSON, whatever follows; the client never ends the body.
+    let port = gw.port;
+    let answer = tokio::task::spawn_blocking(move || {
+        post_in_pieces(
+            port,
+            &token,
+            &[br#"{"model":"haiku","messages":[1,"#, b"]"],
+            false,
+        )
+    })
+    .await
+    .expect("join");
+    assert!(answer.starts_with("HTTP/1.1 400"), "answer: {answer:?}");
+    assert!(answer.contains("not valid JSON"), "{answer}");
+    assert_eq!(p.total(), 0, "nothing reached an upstream");
+}
