@@ -410,8 +410,15 @@ impl Http {
             // At offset 0 Envoy drains `drop` bytes and prepends: the rest stays put.
             self.set_http_request_body(0, edit.drop, &edit.prefix);
             if edit.prefix.len() != edit.drop {
-                // The length changed: Envoy sends the rewritten body chunked.
-                self.set_http_request_header("content-length", None);
+                // The whole body is here, so its new length is known: keep the upstream
+                // request framed by length (a chunked one costs Envoy and the provider
+                // more). Without a length the client sent it chunked, and so does Envoy.
+                let length = content_length(&self.headers).map(|len| {
+                    (len + edit.prefix.len())
+                        .saturating_sub(edit.drop)
+                        .to_string()
+                });
+                self.set_http_request_header("content-length", length.as_deref());
             }
         }
         if let Some(mut note) = forward.attempt_note.take() {

@@ -11,25 +11,12 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use halo_policy::body_scan;
-use serde::Deserialize;
 use serde_json::json;
-use serde_json::value::RawValue;
 
-/// The probe admit used before body_scan: serde skips every field but these two.
-#[derive(Deserialize)]
-struct Probe<'a> {
-    #[serde(borrow, default)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-}
+#[path = "../tests/reference/serde_probe.rs"]
+mod serde_probe;
 
-fn serde_probe(body: &[u8]) -> Option<(usize, bool)> {
-    let p = serde_json::from_slice::<Probe<'_>>(body).ok()?;
-    let model = p.model?;
-    let start = model.get().as_ptr() as usize - body.as_ptr() as usize;
-    Some((start, p.stream.is_some_and(|s| s.get() == "true")))
-}
+use serde_probe::model_start_and_stream as serde_probe;
 
 fn scan_probe(body: &[u8]) -> Option<(usize, bool)> {
     let top = body_scan::scan(body).ok()?;

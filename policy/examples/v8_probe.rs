@@ -3,24 +3,10 @@
 //! `policy/examples/v8_probe.mjs` times them under node (V8). Run with
 //! the commands in BENCHMARKS.md ("Body probe (policy)").
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
+#[path = "../tests/reference/serde_probe.rs"]
+mod serde_probe;
 
-/// The probe admit used before body_scan (as in `benches/body_probe.rs`).
-#[derive(Deserialize)]
-struct Probe<'a> {
-    #[serde(borrow, default)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-}
-
-fn serde_probe(body: &[u8]) -> Option<(usize, bool)> {
-    let p = serde_json::from_slice::<Probe<'_>>(body).ok()?;
-    let model = p.model?;
-    let start = model.get().as_ptr() as usize - body.as_ptr() as usize;
-    Some((start, p.stream.is_some_and(|s| s.get() == "true")))
-}
+use serde_probe::model_start_and_stream as serde_probe;
 
 fn scan_probe(body: &[u8]) -> Option<(usize, bool)> {
     let top = halo_policy::body_scan::scan(body).ok()?;

@@ -12,34 +12,14 @@
 //! that limit has its own unit tests).
 
 use halo_policy::body_scan::{Incremental, ScanError, TopLevel, scan};
-use serde::Deserialize;
-use serde_json::value::RawValue;
+#[path = "reference/serde_probe.rs"]
+mod serde_probe;
 
-/// The previous admit probe, kept here as the reference.
-#[derive(Deserialize)]
-struct Probe<'a> {
-    #[serde(borrow, default)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-}
+use serde_probe::Spans;
 
-type Spans = (Option<(usize, usize)>, Option<(usize, usize)>);
-
-fn span(body: &[u8], raw: &RawValue) -> (usize, usize) {
-    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
-    (start, start + raw.get().len())
-}
-
+/// serde's answer: the reference.
 fn reference(body: &[u8]) -> Option<Spans> {
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return None;
-    }
-    let probe = serde_json::from_slice::<Probe<'_>>(body).ok()?;
-    Some((
-        probe.model.map(|r| span(body, r)),
-        probe.stream.map(|r| span(body, r)),
-    ))
+    serde_probe::spans(body)
 }
 
 /// The scanner's answer in the reference's terms (serde's `Option` reads `null` as absent).

@@ -91,6 +91,13 @@ async fn a_traffic_toggle_applies_to_its_cohort_only() {
         .await;
     assert_eq!(a.header("x-provider"), Some("prov-a"));
     assert_eq!(a.json()["model"], "claude-haiku-4-5");
+    // The rewritten body (longer than the client's) goes out framed by its new length.
+    let sent = p.a.seen().last().cloned().expect("prov-a got the request");
+    assert_eq!(
+        sent.header("content-length"),
+        Some(sent.body.len().to_string().as_str())
+    );
+    assert_eq!(sent.header("transfer-encoding"), None);
     // The toggle routes haiku only: the ds user's sonnet is untouched by it.
     assert_eq!(
         p.b.seen()
