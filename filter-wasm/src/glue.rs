@@ -414,8 +414,8 @@ impl Http {
                 // request framed by length (a chunked one costs Envoy and the provider
                 // more). Without a length the client sent it chunked, and so does Envoy.
                 let length = content_length(&self.headers).map(|len| {
-                    (len + edit.prefix.len())
-                        .saturating_sub(edit.drop)
+                    (len + edit.prefix.len() as u64)
+                        .saturating_sub(edit.drop as u64)
                         .to_string()
                 });
                 self.set_http_request_header("content-length", length.as_deref());
@@ -470,7 +470,7 @@ impl Http {
 }
 
 /// The announced body size, if any.
-fn content_length(headers: &[(String, String)]) -> Option<usize> {
+fn content_length(headers: &[(String, String)]) -> Option<u64> {
     headers
         .iter()
         .find(|(n, _)| n == "content-length")
@@ -520,7 +520,7 @@ impl HttpContext for Http {
                 headers: &headers,
                 peer,
                 claims,
-                content_length: header("content-length").and_then(|v| v.parse().ok()),
+                content_length: content_length(&headers),
             };
             self.removals = hygiene::removals(cfg, &headers);
             pipeline::on_head(cfg, &head)
@@ -534,10 +534,6 @@ impl HttpContext for Http {
             Ok(pending) => {
                 if admit::body_carries_model(&pending.method, &pending.path) {
                     self.scan = Some(Incremental::new());
-                    if let Some(len) = content_length(&self.headers) {
-                        // One allocation for the whole body (already bounded by maxBodyBytes).
-                        self.body.reserve_exact(len);
-                    }
                 }
                 self.pending = Some(pending);
                 if end_of_stream {
@@ -567,7 +563,13 @@ impl HttpContext for Http {
             let more = self
                 .get_http_request_body(self.body.len(), body_size - self.body.len())
                 .unwrap_or_default();
-            self.body.extend_from_slice(&more);
+            // Grown as the bytes arrive, never from the announced length: a client could
+            // announce maxBodyBytes and send nothing.
+            if self.body.is_empty() {
+                self.body = more;
+            } else {
+                self.body.extend_from_slice(&more);
+            }
         }
         if !end_of_stream {
             if let Some(scan) = self.scan.as_mut()
