@@ -29,9 +29,25 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A loopback TCP port that was free a moment ago. The OS hands out ephemeral ports
-/// round-robin, so a port just released is unlikely to be handed out again at once.
+/// A loopback TCP port that was free a moment ago and that the kernel will not hand to an
+/// outgoing connection meanwhile.
 pub fn free_port() -> u16 {
+    // Below Linux's ephemeral range (32768 and up): the kernel never gives these to the
+    // tests' own outgoing connections, so a port found free here stays free until the
+    // server (often an Envoy started a moment later) binds it. An ephemeral port could be
+    // taken in between, and Envoy then exits at startup. The counter keeps the ports of
+    // one test process distinct; the bind check skips ports another process holds.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let offset = (std::process::id() % 120) * 100;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = u16::try_from(FIRST + (offset + n) % SPAN).unwrap_or(0);
+        if port != 0 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
