@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: installs prerequisites, then the workspace tests (all features) and the
-# wasm32 build of halo-policy (the filter's dependency must stay wasm-clean).
+# Runs every test: installs prerequisites, then the workspace tests (all features), with
+# the filter's live suites run against both builds of the filter (wasm, native).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,4 +8,8 @@ bash scripts/install.sh
 # The filter module, once per run (it pulls in halo-policy for wasm32 too); the e2e tests
 # load it from target/wasm32-unknown-unknown/release (halo_testkit::filter_wasm).
 cargo build --locked -p halo-filter --target wasm32-unknown-unknown --release
+# The native build (an Envoy dynamic module), loaded from target/release.
+cargo build --locked -p halo-filter-native --release
 cargo test --locked --workspace --all-features
+# The live suites once more with the native build in Envoy (halo_testkit::filter_module).
+HALO_FILTER=native cargo test --locked -p halo-e2e

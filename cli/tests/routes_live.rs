@@ -96,7 +96,7 @@ async fn gateway_routes_agrees_with_the_live_envoy_for_each_user_and_session() {
     let settings = GatewaySettings {
         listen_address: "127.0.0.1".into(),
         listen_port: port,
-        wasm_path: halo_testkit::filter_wasm().display().to_string(),
+        wasm_path: halo_testkit::filter_module().display().to_string(),
         jwks_uri: Some(format!("{}/.well-known/jwks.json", issuer.url)),
         ..GatewaySettings::default()
     };

@@ -209,7 +209,7 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
         &gateway_file,
         json!({
             "listenAddress": "127.0.0.1", "listenPort": listen_port,
-            "wasmPath": halo_testkit::filter_wasm().display().to_string(),
+            "wasmPath": halo_testkit::filter_module().display().to_string(),
             "upstreamCaFile": env.path("oidc-ca.pem").display().to_string(),
             "jwksUri": format!("{}/keys", env.issuer.issuer),
             // The poll is the fallback; an hour means only the push can deliver a kill.

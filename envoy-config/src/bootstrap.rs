@@ -31,7 +31,8 @@ pub struct Standalone {
     /// Admin address and port (stats, /ready). Keep it on loopback.
     pub admin_address: String,
     pub admin_port: u16,
-    /// Path of halo_filter.wasm as Envoy will see it.
+    /// The filter module as Envoy will see it: halo_filter.wasm, or the native build
+    /// libhalo_filter_native.so (rendered as a dynamic module; see [`halo_filter`]).
     pub wasm_path: String,
     /// The issuer's JWKS URL; default `<issuer>/.well-known/jwks.json`.
     pub jwks_uri: Option<String>,
@@ -391,8 +392,9 @@ pub fn retry_policy(failover: &Failover) -> Value {
 /// jwt_authn for the policy's identity: one provider for bearer tokens, one for the
 /// gemini wire that also takes `x-goog-api-key` and `?key=`. A missing or failed token
 /// passes (the filter answers 401 itself, or routes anonymously with allowAnonymous);
-/// verified claims go to dynamic metadata under [`names::JWT_PAYLOAD_KEY`].
-pub fn jwt_authn(snap: &Snapshot, jwks_uri: &str) -> Option<Value> {
+/// verified claims go to dynamic metadata under [`names::JWT_PAYLOAD_KEY`] and, for the
+/// native build (`module_path` a `.so`), also to [`names::JWT_PAYLOAD_HEADER`].
+pub fn jwt_authn(snap: &Snapshot, jwks_uri: &str, module_path: &str) -> Option<Value> {
     let identity = snap.identity.as_ref().filter(|i| !i.issuer.is_empty())?;
     let provider = |gemini: bool| {
         let mut p = json!({
@@ -407,6 +409,11 @@ pub fn jwt_authn(snap: &Snapshot, jwks_uri: &str) -> Option<Value> {
             // A coding tool sends the same token for an hour: verify its signature once.
             "jwt_cache_config": {"jwt_cache_size": 1000},
         });
+        if is_native_module(module_path) {
+            // The native build cannot read the nested payload out of the metadata: it
+            // takes the verified payload from this header, set only for a verified token.
+            p["forward_payload_header"] = json!(names::JWT_PAYLOAD_HEADER);
+        }
         if let Some(aud) = identity.effective_audience() {
             p["audiences"] = json!([aud]);
         }
@@ -445,16 +452,55 @@ pub fn filter_configuration(snap: &Snapshot, settings: &Value) -> Value {
     json!({"snapshot": snapshot, "settings": settings})
 }
 
-/// The halo wasm filter, configured with `{snapshot, settings}`; fails closed.
-pub fn wasm_filter(wasm_path: &str, snap: &Snapshot, settings: &Value) -> Value {
+/// The halo filter, configured with `{snapshot, settings}`; fails closed. `module_path`
+/// is the filter as Envoy will see it: `halo_filter.wasm` (proxy-wasm, in V8) or the
+/// native build `libhalo_filter_native.so` (a dynamic module), told apart by the `.so`.
+pub fn halo_filter(module_path: &str, snap: &Snapshot, settings: &Value) -> Value {
     let configuration = filter_configuration(snap, settings).to_string();
-    wasm_plugin("halo", wasm_path, &configuration)
+    filter_instance("halo", module_path, &configuration)
 }
 
 /// The filter's per-attempt stage (`{"stage": "attempt"}`): the same module, run as an
 /// upstream HTTP filter, once per attempt, after Envoy picked the endpoint.
-pub fn attempt_filter(wasm_path: &str) -> Value {
-    wasm_plugin("halo-attempt", wasm_path, ATTEMPT_STAGE_CONFIGURATION)
+pub fn attempt_filter(module_path: &str) -> Value {
+    filter_instance("halo-attempt", module_path, ATTEMPT_STAGE_CONFIGURATION)
+}
+
+/// True when `module_path` is the native build (a shared object) rather than wasm.
+pub fn is_native_module(module_path: &str) -> bool {
+    module_path.ends_with(".so")
+}
+
+fn filter_instance(name: &str, module_path: &str, configuration: &str) -> Value {
+    if is_native_module(module_path) {
+        native_filter(name, module_path, configuration)
+    } else {
+        wasm_plugin(name, module_path, configuration)
+    }
+}
+
+/// An Envoy dynamic-module HTTP filter running the native halo module as `name` with
+/// `configuration` (the same document the wasm plugin gets). Envoy loads the file once
+/// per process, whatever the number of filters using it.
+fn native_filter(name: &str, module_path: &str, configuration: &str) -> Value {
+    json!({
+        "name": "envoy.filters.http.dynamic_modules",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {
+                "name": "halo_filter_native",
+                "module": {"local": {"filename": module_path}},
+                // Counters are `halo.<name>` with their tags as labels, named as the wasm
+                // build's (Prometheus: `halo_requests{halo_ring=...}`).
+                "metrics_namespace": "halo",
+            },
+            "filter_name": name,
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": configuration,
+            },
+        },
+    })
 }
 
 /// An Envoy wasm HTTP filter running the halo module as plugin `name` (also its root id)
@@ -574,9 +620,9 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         };
         let ep = endpoint("JWKS URI", &jwks)?;
         clusters.push(cluster(names::JWKS_CLUSTER, &ep));
-        http_filters.extend(jwt_authn(snap, &jwks));
+        http_filters.extend(jwt_authn(snap, &jwks, &opts.wasm_path));
     }
-    http_filters.push(wasm_filter(&opts.wasm_path, snap, &settings));
+    http_filters.push(halo_filter(&opts.wasm_path, snap, &settings));
     http_filters.push(json!({
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
@@ -699,6 +745,55 @@ pub fn standalone_yaml(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn identity_snapshot() -> Snapshot {
+        serde_json::from_value(json!({
+            "schema": 1, "org": "o",
+            "identity": {"issuer": "https://idp.example", "audience": "api://halos"},
+            "protocols": {"claude-code": "anthropic-messages", "codex": "openai-responses",
+                          "gemini-cli": "gemini"},
+            "upstreams": {}, "models": {}, "experiments": [], "toggles": [],
+            "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
+        }))
+        .expect("snapshot")
+    }
+
+    #[test]
+    fn a_shared_object_renders_the_native_build_as_a_dynamic_module() {
+        let snap = identity_snapshot();
+        let native = halo_filter("/opt/halo/libhalo_filter_native.so", &snap, &json!({}));
+        assert_eq!(native["name"], "envoy.filters.http.dynamic_modules");
+        let tc = &native["typed_config"];
+        assert_eq!(
+            tc["dynamic_module_config"]["module"]["local"]["filename"],
+            "/opt/halo/libhalo_filter_native.so"
+        );
+        assert_eq!(tc["filter_name"], "halo");
+        let doc: Value =
+            serde_json::from_str(tc["filter_config"]["value"].as_str().expect("config string"))
+                .expect("the filter's configuration document");
+        assert_eq!(doc, filter_configuration(&snap, &json!({})));
+        let stage = attempt_filter("/opt/halo/libhalo_filter_native.so");
+        assert_eq!(stage["typed_config"]["filter_name"], "halo-attempt");
+        assert_eq!(
+            stage["typed_config"]["filter_config"]["value"],
+            ATTEMPT_STAGE_CONFIGURATION
+        );
+
+        let wasm = halo_filter("/opt/halo/halo_filter.wasm", &snap, &json!({}));
+        assert_eq!(wasm["name"], "envoy.filters.http.wasm");
+    }
+
+    #[test]
+    fn jwt_authn_forwards_the_verified_payload_only_for_the_native_build() {
+        let snap = identity_snapshot();
+        let header = |module: &str| {
+            let j = jwt_authn(&snap, "https://idp.example/jwks", module).expect("jwt_authn");
+            j["typed_config"]["providers"]["halo"]["forward_payload_header"].clone()
+        };
+        assert_eq!(header("/x/libhalo_filter_native.so"), names::JWT_PAYLOAD_HEADER);
+        assert_eq!(header("/x/halo_filter.wasm"), Value::Null);
+    }
 
     #[test]
     fn endpoints() {

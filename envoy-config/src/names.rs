@@ -21,3 +21,8 @@ pub const JWKS_CLUSTER: &str = "halo-jwks";
 
 /// jwt_authn's `payload_in_metadata` key: the filter reads verified claims under it.
 pub const JWT_PAYLOAD_KEY: &str = "halo_jwt";
+
+/// jwt_authn's `forward_payload_header` for the native filter build, which reads the
+/// verified payload there (its ABI reads no nested metadata). An `x-halo-*` name, so the
+/// filter's hygiene strips it before any upstream.
+pub const JWT_PAYLOAD_HEADER: &str = "x-halo-jwt-payload";

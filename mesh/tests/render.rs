@@ -127,7 +127,7 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
         "the filter chain entry names the extension config"
     );
     // The knob the filter needs, set exactly as the standalone bootstrap sets it.
-    let standalone = halo_envoy_config::bootstrap::wasm_filter("x.wasm", &snap, &json!({}));
+    let standalone = halo_envoy_config::bootstrap::halo_filter("x.wasm", &snap, &json!({}));
     assert_eq!(
         wasm["allow_on_headers_stop_iteration"],
         standalone["typed_config"]["config"]["allow_on_headers_stop_iteration"]

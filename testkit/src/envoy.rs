@@ -143,6 +143,15 @@ impl Envoy {
         })
     }
 
+    /// The sum of every counter or gauge whose full name matches `regex` (Envoy's
+    /// `/stats?filter=` syntax).
+    pub fn stat_sum(&self, regex: &str) -> u64 {
+        let body = self.admin(&format!("/stats?filter={regex}"));
+        body.lines()
+            .filter_map(|line| line.split_once(": ")?.1.trim().parse::<u64>().ok())
+            .sum()
+    }
+
     /// CPU time the Envoy process has used so far, all threads, from the scheduler's
     /// per-task nanosecond counters (`/proc/<pid>/task/*/schedstat`; Linux only, `None`
     /// elsewhere). Benchmarks divide its growth by the requests served: unlike latency on a

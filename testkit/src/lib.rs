@@ -106,6 +106,37 @@ pub fn filter_wasm_path() -> PathBuf {
     target.join("wasm32-unknown-unknown/release/halo_filter.wasm")
 }
 
+/// True when the live tests run the native filter build (`HALO_FILTER=native`).
+pub fn filter_is_native() -> bool {
+    std::env::var("HALO_FILTER").as_deref() == Ok("native")
+}
+
+/// The native filter build (halo-filter-native, an Envoy dynamic module):
+/// `target/release/libhalo_filter_native.so` (or under `CARGO_TARGET_DIR`).
+pub fn filter_native_path() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("release/libhalo_filter_native.so")
+}
+
+/// The filter the live tests run in Envoy: the wasm build ([`filter_wasm`]), or with
+/// `HALO_FILTER=native` the native build (`cargo build -p halo-filter-native --release`;
+/// scripts/test.sh runs the live suites once with each).
+pub fn filter_module() -> PathBuf {
+    if !filter_is_native() {
+        return filter_wasm();
+    }
+    let path = filter_native_path();
+    assert!(
+        path.exists(),
+        "{} is missing: build it once with `cargo build -p halo-filter-native --release` \
+         (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
 /// The filter module built by `scripts/test.sh` (`cargo build -p halo-filter --target
 /// wasm32-unknown-unknown --release`). Set `HALO_FILTER_WASM` to use another file.
 pub fn filter_wasm() -> PathBuf {

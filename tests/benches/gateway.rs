@@ -1,14 +1,18 @@
 //! The gateway benchmark (issue 3, item 11): requests/s and p50/p99 latency through Envoy
-//! with the halo filter (jwt_authn + wasm) against the same Envoy without them (listener ->
-//! router -> the same upstream), one Envoy worker, keep-alive, the same closed-loop load
-//! generator, at request bodies of 4 KB, 100 KB and 1 MB. Also times the body model
-//! probe and rewrite natively at 1 MB against a full serde_json parse.
+//! with the halo filter (jwt_authn + the filter) against the same Envoy without them
+//! (listener -> router -> the same upstream), one Envoy worker, keep-alive, the same
+//! closed-loop load generator, at request bodies of 4 KB, 100 KB and 1 MB. Both builds of
+//! the filter run, interleaved with the baselines: the wasm module (V8) and the native
+//! dynamic module. Also times the body model probe and rewrite natively at 1 MB against a
+//! full serde_json parse.
 //!
-//! Run: `cargo bench -p halo-e2e --bench gateway` (after building the filter module:
-//! `cargo build -p halo-filter --target wasm32-unknown-unknown --release`).
+//! Run: `cargo bench -p halo-e2e --bench gateway` (after building both filter builds:
+//! `cargo build -p halo-filter --target wasm32-unknown-unknown --release` and
+//! `cargo build -p halo-filter-native --release`).
 //! Knobs: HALO_BENCH_SECS (default 5), HALO_BENCH_CONNS (default 4), HALO_BENCH_SIZES
-//! (KiB, comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the wasm filter alone),
-//! HALO_BENCH_REPS (interleaved repetitions of each cell, with the median; default 1).
+//! (KiB, comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the filter alone, no
+//! jwt_authn), HALO_BENCH_REPS (interleaved repetitions of each cell, with the median;
+//! default 1), HALO_BENCH_BUILDS (`wasm,native` by default).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -267,12 +271,37 @@ async fn main() {
     // HALO_BENCH_NO_JWT=1: the wasm filter alone (identity mode none, no jwt_authn), to
     // split the added cost between JWT verification and the filter.
     let no_jwt = std::env::var_os("HALO_BENCH_NO_JWT").is_some();
-    let mut opts = GatewayOptions::default();
     if no_jwt {
         snap.identity = None;
-        opts.settings = json!({"identity": {"mode": "none"}});
     }
-    let gw = Gateway::start(snap, opts);
+    let builds: Vec<String> = std::env::var("HALO_BENCH_BUILDS")
+        .unwrap_or_else(|_| "wasm,native".into())
+        .split(',')
+        .map(|b| b.trim().to_string())
+        .collect();
+    let gateways: Vec<(String, Gateway)> = builds
+        .iter()
+        .map(|build| {
+            let module = match build.as_str() {
+                "wasm" => halo_testkit::filter_wasm(),
+                "native" => halo_testkit::filter_native_path(),
+                other => panic!("HALO_BENCH_BUILDS: {other:?} is not wasm or native"),
+            };
+            assert!(
+                module.exists(),
+                "{} is missing: build it first",
+                module.display()
+            );
+            let mut opts = GatewayOptions {
+                wasm_path: Some(module),
+                ..GatewayOptions::default()
+            };
+            if no_jwt {
+                opts.settings = json!({"identity": {"mode": "none"}});
+            }
+            (format!("halo {build}"), Gateway::start(snap.clone(), opts))
+        })
+        .collect();
     let start_bare = |baseline: Baseline| {
         let port = halo_testkit::free_port();
         let admin = halo_testkit::free_port();
@@ -308,9 +337,10 @@ async fn main() {
             format!("{kib} KB")
         };
         let b = body(kib * 1024);
-        // Per rep: (rps ratio, +p50, +cpu) against bare, and (+p50, +cpu) against the floor.
-        let mut vs_bare = Vec::new();
-        let mut vs_floor = Vec::new();
+        // Per build, per rep: (rps ratio, +p50, +cpu) against bare, and (+p50, +cpu)
+        // against the floor.
+        let mut vs_bare = vec![Vec::new(); gateways.len()];
+        let mut vs_floor = vec![Vec::new(); gateways.len()];
         for _ in 0..reps {
             let mut base = Vec::new();
             for (baseline, envoy, url) in &baselines {
@@ -318,37 +348,42 @@ async fn main() {
                 row(&label, baseline.label(), &r);
                 base.push(r);
             }
-            let halo_r = load(
-                &gw.envoy,
-                format!("{}/v1/messages", gw.base),
-                Some(token.clone()),
-                b.clone(),
-                conns,
-                secs,
-            )
-            .await;
-            row(&label, "halo", &halo_r);
-            let (bare_r, floor_r) = (&base[0], &base[2]);
-            vs_bare.push((
-                halo_r.rps / bare_r.rps,
-                halo_r.p50_us - bare_r.p50_us,
-                halo_r.cpu_us - bare_r.cpu_us,
-            ));
-            vs_floor.push((
-                halo_r.p50_us - floor_r.p50_us,
-                halo_r.cpu_us - floor_r.cpu_us,
-            ));
+            for (i, (name, gw)) in gateways.iter().enumerate() {
+                let halo_r = load(
+                    &gw.envoy,
+                    format!("{}/v1/messages", gw.base),
+                    Some(token.clone()),
+                    b.clone(),
+                    conns,
+                    secs,
+                )
+                .await;
+                row(&label, name, &halo_r);
+                let (bare_r, floor_r) = (&base[0], &base[2]);
+                vs_bare[i].push((
+                    halo_r.rps / bare_r.rps,
+                    halo_r.p50_us - bare_r.p50_us,
+                    halo_r.cpu_us - bare_r.cpu_us,
+                ));
+                vs_floor[i].push((
+                    halo_r.p50_us - floor_r.p50_us,
+                    halo_r.cpu_us - floor_r.cpu_us,
+                ));
+            }
         }
-        let med = |f: &dyn Fn(usize) -> f64| median(&mut (0..reps).map(f).collect::<Vec<_>>());
-        println!(
-            "{label:>7}  halo vs bare Envoy: {:.2}x rps, p50 {:+.0} us, cpu {:+.0} us; vs read in full + failover: p50 {:+.0} us, cpu {:+.0} us{}",
-            med(&|i| vs_bare[i].0),
-            med(&|i| vs_bare[i].1),
-            med(&|i| vs_bare[i].2),
-            med(&|i| vs_floor[i].0),
-            med(&|i| vs_floor[i].1),
-            if reps > 1 { " (medians)" } else { "" },
-        );
+        for (i, (name, _)) in gateways.iter().enumerate() {
+            let (bare, floor) = (&vs_bare[i], &vs_floor[i]);
+            let med = |f: &dyn Fn(usize) -> f64| median(&mut (0..reps).map(f).collect::<Vec<_>>());
+            println!(
+                "{label:>7}  {name} vs bare Envoy: {:.2}x rps, p50 {:+.0} us, cpu {:+.0} us; vs read in full + failover: p50 {:+.0} us, cpu {:+.0} us{}",
+                med(&|r| bare[r].0),
+                med(&|r| bare[r].1),
+                med(&|r| bare[r].2),
+                med(&|r| floor[r].0),
+                med(&|r| floor[r].1),
+                if reps > 1 { " (medians)" } else { "" },
+            );
+        }
     }
     drop(baselines);
     micro_rewrite();

@@ -531,7 +531,7 @@ pub struct GatewayOptions {
     pub killswitch_url: Option<String>,
     pub concurrency: u32,
     /// The filter module Envoy loads; default the workspace build
-    /// ([`halo_testkit::filter_wasm`]).
+    /// ([`halo_testkit::filter_module`]).
     pub wasm_path: Option<std::path::PathBuf>,
     /// Make jwt_authn write the verified payload under this key instead of the
     /// bootstrap's (as Istio's `payload` or Envoy Gateway's issuer key do).
@@ -584,7 +584,7 @@ impl Gateway {
             admin_port: admin,
             wasm_path: opts
                 .wasm_path
-                .unwrap_or_else(halo_testkit::filter_wasm)
+                .unwrap_or_else(halo_testkit::filter_module)
                 .display()
                 .to_string(),
             jwks_uri: None,
@@ -691,9 +691,23 @@ impl Gateway {
             .sum()
     }
 
-    /// The filter's counter `name` (dotted, as defined by the filter).
+    /// The filter's counter `name` (dotted, as defined by the filter): the wasm build's
+    /// `wasmcustom.<name>`, or the native build's `<name>` (under the cluster's scope for
+    /// the per-attempt stage), summed.
     pub fn counter(&self, name: &str) -> u64 {
-        self.envoy.stat(&format!("wasmcustom.{name}")).unwrap_or(0)
+        let name = name.replace('.', "\\.");
+        self.envoy
+            .stat_sum(&format!("(^|\\.)(wasmcustom\\.)?{name}$"))
+    }
+}
+
+/// The Prometheus name of the filter's metric `name` (`halo_requests`...): Envoy prints
+/// the wasm build's custom stats bare and the native build's under its `envoy_` prefix.
+pub fn prometheus_metric(name: &str) -> String {
+    if halo_testkit::filter_is_native() {
+        format!("envoy_{name}")
+    } else {
+        name.to_string()
     }
 }
 

@@ -59,7 +59,7 @@ async fn a_bad_filter_configuration_refuses_to_start_naming_the_field() {
         listen_port: halo_testkit::free_port(),
         admin_address: "127.0.0.1".into(),
         admin_port: admin,
-        wasm_path: halo_testkit::filter_wasm().display().to_string(),
+        wasm_path: halo_testkit::filter_module().display().to_string(),
         jwks_uri: None,
         settings: serde_json::json!({"identity": {"trustedProxyCIDRs": ["10.0.0.0/33"]}}),
         killswitch_url: None,

@@ -219,12 +219,14 @@ async fn prometheus_shows_the_filter_counters_with_ring_variant_and_status() {
         std::time::Duration::from_secs(10),
         || {
             let text = gw.envoy.prometheus();
-            text.contains("halo_requests{").then_some(text)
+            text.contains(&format!("{}{{", prometheus_metric("halo_requests")))
+                .then_some(text)
         },
     );
     let line = |prefix: &str| {
+        let prefix = prometheus_metric(prefix);
         text.lines()
-            .find(|l| l.starts_with(prefix))
+            .find(|l| l.starts_with(&prefix))
             .unwrap_or_else(|| {
                 panic!(
                     "no {prefix} in:\n{}",

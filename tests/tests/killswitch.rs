@@ -99,7 +99,8 @@ impl Setup {
 
     fn outcome(&self, outcome: &str) -> u64 {
         self.gw.prometheus_sum(&format!(
-            "halo_killswitch_fetch{{halo_outcome=\"{outcome}\"}}"
+            "{}{{halo_outcome=\"{outcome}\"}}",
+            prometheus_metric("halo_killswitch_fetch")
         ))
     }
 

@@ -27,7 +27,7 @@ fn settings(port: u16) -> GatewaySettings {
     GatewaySettings {
         listen_address: "127.0.0.1".into(),
         listen_port: port,
-        wasm_path: halo_testkit::filter_wasm().display().to_string(),
+        wasm_path: halo_testkit::filter_module().display().to_string(),
         // The fake providers listen on loopback: let them receive the gateway's keys.
         upstream_hosts: vec!["127.0.0.1".into()],
         ..GatewaySettings::default()

@@ -364,7 +364,7 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
 }
 
 /// The listener: HTTP connection manager with routes from RDS over ADS; filters jwt_authn
-/// (when the policy names an issuer), the halo wasm filter (configuration by ECDS), router.
+/// (when the policy names an issuer), the halo filter (configuration by ECDS), router.
 pub fn listener(l: &ListenerPlan) -> Listener {
     let mut http_filters = Vec::new();
     if let Some(jwt) = &l.jwt_authn {
@@ -382,8 +382,10 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             config_type: Some(http_filter::ConfigType::ConfigDiscovery(
                 ExtensionConfigSource {
                     config_source: Some(ads()),
+                    // Either build of the filter: wasm, or the native dynamic module.
                     type_urls: vec![
                         "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm".into(),
+                        "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter".into(),
                     ],
                     ..ExtensionConfigSource::default()
                 },

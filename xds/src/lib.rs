@@ -70,7 +70,7 @@ pub fn snapshot_with_kill_list(
         entry["url"] = serde_json::json!(ks.uri);
     }
     let mut wasm =
-        halo_envoy_config::bootstrap::wasm_filter(&settings.wasm_path, compiled, &filter_settings);
+        halo_envoy_config::bootstrap::halo_filter(&settings.wasm_path, compiled, &filter_settings);
     if let Some(envelope) = kill_list {
         let slot = &mut wasm["typed_config"]["config"]["configuration"]["value"];
         if let Some(text) = slot.as_str()

@@ -364,7 +364,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
         .transpose()?;
     let jwt_authn = jwks
         .as_ref()
-        .and_then(|j| halo_envoy_config::bootstrap::jwt_authn(snap, &j.uri));
+        .and_then(|j| halo_envoy_config::bootstrap::jwt_authn(snap, &j.uri, &settings.wasm_path));
 
     Ok(Plan {
         listener: ListenerPlan {

@@ -1,0 +1,273 @@
+//! The part of Envoy's dynamic-module C ABI (`abi.h`, ABI "v0.1.0") this module uses,
+//! written by hand: the official Rust SDK is a git dependency on the Envoy repository,
+//! which this project's registries do not reach.
+//!
+//! Every callback below is a dynamic symbol of the Envoy binary that loads the module
+//! (check with `nm -D --defined-only $(envoy binary) | grep envoy_dynamic_module_callback_`),
+//! and Envoy 1.40 (ABI "v0.2.0") keeps v0.1 signatures. A mismatch here is undefined
+//! behaviour, so this file changes only against the header of the Envoy it targets, and
+//! the live tests run every call it declares.
+//!
+//! Enums Envoy passes in are taken as `u32` (a value added by a newer Envoy must not be
+//! undefined behaviour); the ones the module returns are `u32` constants.
+
+use std::ffi::{c_char, c_void};
+
+/// Bytes owned by Envoy, valid until the current hook returns or a setter changes them.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyBuffer {
+    pub ptr: *const c_char,
+    pub length: usize,
+}
+
+impl EnvoyBuffer {
+    pub const NULL: EnvoyBuffer = EnvoyBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
+
+    /// # Safety
+    /// Envoy wrote this buffer during the current hook, and no setter ran since.
+    pub unsafe fn as_bytes<'a>(self) -> &'a [u8] {
+        if self.ptr.is_null() || self.length == 0 {
+            return &[];
+        }
+        // SAFETY: the caller's contract; Envoy keeps these bytes alive for the hook.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.length) }
+    }
+}
+
+/// Bytes owned by the module; Envoy copies them during the call.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModuleBuffer {
+    pub ptr: *const c_char,
+    pub length: usize,
+}
+
+impl ModuleBuffer {
+    pub fn of(bytes: &[u8]) -> ModuleBuffer {
+        ModuleBuffer {
+            ptr: bytes.as_ptr().cast(),
+            length: bytes.len(),
+        }
+    }
+
+    pub const NULL: ModuleBuffer = ModuleBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
+}
+
+#[repr(C)]
+pub struct ModuleHeader {
+    pub key_ptr: *const c_char,
+    pub key_length: usize,
+    pub value_ptr: *const c_char,
+    pub value_length: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyHeader {
+    pub key_ptr: *const c_char,
+    pub key_length: usize,
+    pub value_ptr: *const c_char,
+    pub value_length: usize,
+}
+
+pub type FilterConfigEnvoyPtr = *mut c_void;
+pub type FilterConfigModulePtr = *const c_void;
+pub type FilterEnvoyPtr = *mut c_void;
+pub type FilterModulePtr = *const c_void;
+pub type ConfigSchedulerPtr = *mut c_void;
+
+/// `envoy_dynamic_module_type_http_header_type`.
+pub const REQUEST_HEADER: u32 = 0;
+pub const RESPONSE_HEADER: u32 = 2;
+
+/// `envoy_dynamic_module_type_http_body_type`.
+pub const RECEIVED_REQUEST_BODY: u32 = 0;
+pub const BUFFERED_REQUEST_BODY: u32 = 1;
+pub const RECEIVED_RESPONSE_BODY: u32 = 2;
+
+/// `envoy_dynamic_module_type_log_level`.
+pub const LOG_INFO: u32 = 2;
+pub const LOG_WARN: u32 = 3;
+pub const LOG_ERROR: u32 = 4;
+pub const LOG_CRITICAL: u32 = 5;
+
+/// `envoy_dynamic_module_type_metadata_source`.
+pub const METADATA_DYNAMIC: u32 = 0;
+pub const METADATA_HOST: u32 = 3;
+
+/// `envoy_dynamic_module_type_attribute_id`.
+pub const ATTRIBUTE_RESPONSE_CODE: u32 = 15;
+pub const ATTRIBUTE_SOURCE_ADDRESS: u32 = 24;
+
+/// `envoy_dynamic_module_type_http_callout_init_result`.
+pub const CALLOUT_INIT_SUCCESS: u32 = 0;
+/// `envoy_dynamic_module_type_http_callout_result`.
+pub const CALLOUT_SUCCESS: u32 = 0;
+
+/// `envoy_dynamic_module_type_metrics_result`.
+pub const METRICS_SUCCESS: u32 = 0;
+
+/// Request/response headers hook statuses.
+pub const HEADERS_CONTINUE: u32 = 0;
+pub const HEADERS_STOP_ITERATION: u32 = 1;
+/// Request/response body hook statuses.
+pub const BODY_CONTINUE: u32 = 0;
+pub const BODY_STOP_AND_BUFFER: u32 = 1;
+/// Trailers hook statuses.
+pub const TRAILERS_CONTINUE: u32 = 0;
+
+unsafe extern "C" {
+    pub fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: FilterConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *const ModuleBuffer,
+        label_names_length: usize,
+        counter_id: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: FilterConfigEnvoyPtr,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+
+    pub fn envoy_dynamic_module_callback_http_get_header(
+        filter: FilterEnvoyPtr,
+        header_type: u32,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_get_headers_size(
+        filter: FilterEnvoyPtr,
+        header_type: u32,
+    ) -> usize;
+    pub fn envoy_dynamic_module_callback_http_get_headers(
+        filter: FilterEnvoyPtr,
+        header_type: u32,
+        result: *mut EnvoyHeader,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_set_header(
+        filter: FilterEnvoyPtr,
+        header_type: u32,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
+
+    pub fn envoy_dynamic_module_callback_http_send_response(
+        filter: FilterEnvoyPtr,
+        status_code: u32,
+        headers: *const ModuleHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+
+    pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
+        filter: FilterEnvoyPtr,
+        body_type: u32,
+    ) -> usize;
+    pub fn envoy_dynamic_module_callback_http_get_body_chunks(
+        filter: FilterEnvoyPtr,
+        body_type: u32,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_get_body_size(
+        filter: FilterEnvoyPtr,
+        body_type: u32,
+    ) -> usize;
+    pub fn envoy_dynamic_module_callback_http_drain_body(
+        filter: FilterEnvoyPtr,
+        body_type: u32,
+        number_of_bytes: usize,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_append_body(
+        filter: FilterEnvoyPtr,
+        body_type: u32,
+        data: ModuleBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_received_buffered_request_body(
+        filter: FilterEnvoyPtr,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+        filter: FilterEnvoyPtr,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_get_filter_state_bytes(
+        filter: FilterEnvoyPtr,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_get_metadata_string(
+        filter: FilterEnvoyPtr,
+        source: u32,
+        namespace: ModuleBuffer,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_get_metadata_keys_count(
+        filter: FilterEnvoyPtr,
+        source: u32,
+        namespace: ModuleBuffer,
+    ) -> usize;
+    pub fn envoy_dynamic_module_callback_http_get_metadata_keys(
+        filter: FilterEnvoyPtr,
+        source: u32,
+        namespace: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        filter: FilterEnvoyPtr,
+        attribute: u32,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_filter_get_attribute_int(
+        filter: FilterEnvoyPtr,
+        attribute: u32,
+        result: *mut u64,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: FilterConfigEnvoyPtr,
+    ) -> ConfigSchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: ConfigSchedulerPtr,
+        event_id: u64,
+    );
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+        scheduler: ConfigSchedulerPtr,
+    );
+    pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: FilterConfigEnvoyPtr,
+        callout_id: *mut u64,
+        cluster_name: ModuleBuffer,
+        headers: *const ModuleHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> u32;
+}

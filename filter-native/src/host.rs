@@ -1,0 +1,415 @@
+//! Safe calls into Envoy for one stream: every `unsafe` FFI call of the module is here.
+//!
+//! A [`Stream`] is only built inside a hook Envoy called for that stream, on its worker
+//! thread, so its pointer is live; buffers Envoy hands back are copied before the next
+//! call that could change them.
+
+use std::ffi::c_char;
+
+use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, ModuleBuffer, ModuleHeader};
+
+/// One stream's Envoy side, valid for the duration of the hook that made it.
+#[derive(Clone, Copy)]
+pub struct Stream(FilterEnvoyPtr);
+
+/// Which body a body call reads or edits.
+#[derive(Clone, Copy)]
+pub enum Body {
+    /// The piece handed to the current body hook.
+    Received,
+    /// What earlier body hooks stopped and buffered.
+    Buffered,
+}
+
+impl Body {
+    fn request(self) -> u32 {
+        match self {
+            Body::Received => abi::RECEIVED_REQUEST_BODY,
+            Body::Buffered => abi::BUFFERED_REQUEST_BODY,
+        }
+    }
+}
+
+fn buf(s: &str) -> ModuleBuffer {
+    ModuleBuffer::of(s.as_bytes())
+}
+
+impl Stream {
+    /// # Safety
+    /// `ptr` is the `filter_envoy_ptr` of the hook being run.
+    pub unsafe fn new(ptr: FilterEnvoyPtr) -> Stream {
+        Stream(ptr)
+    }
+
+    /// Every request header, names as Envoy holds them (lowercase).
+    pub fn request_headers(self) -> Vec<(String, String)> {
+        self.headers(abi::REQUEST_HEADER)
+    }
+
+    fn headers(self, kind: u32) -> Vec<(String, String)> {
+        // SAFETY: live stream (type invariant); the array is sized by the call just before.
+        unsafe {
+            let n = abi::envoy_dynamic_module_callback_http_get_headers_size(self.0, kind);
+            let mut out = vec![
+                EnvoyHeader {
+                    key_ptr: std::ptr::null(),
+                    key_length: 0,
+                    value_ptr: std::ptr::null(),
+                    value_length: 0,
+                };
+                n
+            ];
+            if n == 0
+                || !abi::envoy_dynamic_module_callback_http_get_headers(
+                    self.0,
+                    kind,
+                    out.as_mut_ptr(),
+                )
+            {
+                return Vec::new();
+            }
+            out.iter()
+                .map(|h| {
+                    let key = bytes(h.key_ptr, h.key_length);
+                    let value = bytes(h.value_ptr, h.value_length);
+                    (
+                        String::from_utf8_lossy(key).to_ascii_lowercase(),
+                        String::from_utf8_lossy(value).into_owned(),
+                    )
+                })
+                .collect()
+        }
+    }
+
+    /// The first value of request header `name`.
+    pub fn request_header(self, name: &str) -> Option<String> {
+        self.header(abi::REQUEST_HEADER, name)
+    }
+
+    /// The first value of response header `name`.
+    pub fn response_header(self, name: &str) -> Option<String> {
+        self.header(abi::RESPONSE_HEADER, name)
+    }
+
+    fn header(self, kind: u32, name: &str) -> Option<String> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: live stream; the result is copied before any other call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_get_header(
+                self.0,
+                kind,
+                buf(name),
+                &mut out,
+                0,
+                std::ptr::null_mut(),
+            )
+            .then(|| String::from_utf8_lossy(out.as_bytes()).into_owned())
+        }
+    }
+
+    /// How many values request header `name` has.
+    pub fn request_header_count(self, name: &str) -> usize {
+        let mut out = EnvoyBuffer::NULL;
+        let mut count = 0usize;
+        // SAFETY: live stream.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_get_header(
+                self.0,
+                abi::REQUEST_HEADER,
+                buf(name),
+                &mut out,
+                0,
+                &mut count,
+            );
+        }
+        count
+    }
+
+    /// Set (replacing every value) or, with `None`, remove request header `name`.
+    pub fn set_request_header(self, name: &str, value: Option<&str>) {
+        self.set_header(abi::REQUEST_HEADER, name, value);
+    }
+
+    /// Set or remove response header `name`.
+    pub fn set_response_header(self, name: &str, value: Option<&str>) {
+        self.set_header(abi::RESPONSE_HEADER, name, value);
+    }
+
+    fn set_header(self, kind: u32, name: &str, value: Option<&str>) {
+        let value = value.map_or(ModuleBuffer::NULL, buf);
+        // SAFETY: live stream; Envoy copies both buffers.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_set_header(self.0, kind, buf(name), value);
+        }
+    }
+
+    /// Make the router pick the route again (its cluster comes from a header the filter
+    /// set). Envoy's cheaper "cluster only" refresh does not re-read a `cluster_header`
+    /// (seen in 1.40). The downstream filter's call, never an upstream one's.
+    pub fn refresh_route(self) {
+        // SAFETY: live stream.
+        unsafe { abi::envoy_dynamic_module_callback_http_clear_route_cache(self.0) }
+    }
+
+    /// Answer the request locally.
+    pub fn send_response(self, status: u16, headers: &[(String, String)], body: &[u8]) {
+        let headers: Vec<ModuleHeader> = headers
+            .iter()
+            .map(|(n, v)| ModuleHeader {
+                key_ptr: n.as_ptr().cast(),
+                key_length: n.len(),
+                value_ptr: v.as_ptr().cast(),
+                value_length: v.len(),
+            })
+            .collect();
+        // SAFETY: live stream; every buffer outlives the call, which copies them.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_send_response(
+                self.0,
+                u32::from(status),
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                buf("halo"),
+            );
+        }
+    }
+
+    /// Append every piece of a request body to `out`.
+    pub fn copy_request_body(self, which: Body, out: &mut Vec<u8>) {
+        // SAFETY: live stream; the slices are read before any body setter.
+        unsafe {
+            let kind = which.request();
+            let n = abi::envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, kind);
+            if n == 0 {
+                return;
+            }
+            let mut chunks = vec![EnvoyBuffer::NULL; n];
+            if !abi::envoy_dynamic_module_callback_http_get_body_chunks(
+                self.0,
+                kind,
+                chunks.as_mut_ptr(),
+            ) {
+                return;
+            }
+            for chunk in chunks {
+                out.extend_from_slice(chunk.as_bytes());
+            }
+        }
+    }
+
+    /// The size of a request body.
+    pub fn request_body_size(self, which: Body) -> usize {
+        // SAFETY: live stream.
+        unsafe { abi::envoy_dynamic_module_callback_http_get_body_size(self.0, which.request()) }
+    }
+
+    /// True when the received piece is an earlier filter's buffer handed on whole.
+    pub fn received_is_buffered(self) -> bool {
+        // SAFETY: live stream.
+        unsafe { abi::envoy_dynamic_module_callback_http_received_buffered_request_body(self.0) }
+    }
+
+    /// Replace a request body's bytes with `with`.
+    pub fn replace_request_body(self, which: Body, with: &[u8]) {
+        let kind = which.request();
+        // SAFETY: live stream; Envoy copies `with`.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_drain_body(self.0, kind, usize::MAX);
+            if !with.is_empty() {
+                abi::envoy_dynamic_module_callback_http_append_body(
+                    self.0,
+                    kind,
+                    ModuleBuffer::of(with),
+                );
+            }
+        }
+    }
+
+    /// Empty a request body.
+    pub fn drain_request_body(self, which: Body) {
+        // SAFETY: live stream.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_drain_body(self.0, which.request(), usize::MAX);
+        }
+    }
+
+    /// The response piece handed to the current response body hook, copied.
+    pub fn received_response_body(self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // SAFETY: live stream; the slices are read before any body setter.
+        unsafe {
+            let kind = abi::RECEIVED_RESPONSE_BODY;
+            let n = abi::envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, kind);
+            let mut chunks = vec![EnvoyBuffer::NULL; n];
+            if n > 0
+                && abi::envoy_dynamic_module_callback_http_get_body_chunks(
+                    self.0,
+                    kind,
+                    chunks.as_mut_ptr(),
+                )
+            {
+                for chunk in chunks {
+                    out.extend_from_slice(chunk.as_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    /// Replace the response piece of the current response body hook.
+    pub fn replace_received_response_body(self, with: &[u8]) {
+        let kind = abi::RECEIVED_RESPONSE_BODY;
+        // SAFETY: live stream; Envoy copies `with`.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_drain_body(self.0, kind, usize::MAX);
+            if !with.is_empty() {
+                abi::envoy_dynamic_module_callback_http_append_body(
+                    self.0,
+                    kind,
+                    ModuleBuffer::of(with),
+                );
+            }
+        }
+    }
+
+    /// Store `value` in the stream's filter state under `key` (upstream filters of every
+    /// attempt share the stream's filter state).
+    pub fn set_filter_state(self, key: &str, value: &[u8]) {
+        // SAFETY: live stream; Envoy copies both buffers.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_set_filter_state_bytes(
+                self.0,
+                buf(key),
+                ModuleBuffer::of(value),
+            );
+        }
+    }
+
+    /// A filter state value set with [`Stream::set_filter_state`].
+    pub fn filter_state(self, key: &str) -> Option<Vec<u8>> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: live stream; copied at once.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_get_filter_state_bytes(
+                self.0,
+                buf(key),
+                &mut out,
+            )
+            .then(|| out.as_bytes().to_vec())
+        }
+    }
+
+    /// A string in the picked upstream host's metadata (upstream filters).
+    pub fn host_metadata_string(self, namespace: &str, key: &str) -> Option<Vec<u8>> {
+        self.metadata_string(abi::METADATA_HOST, namespace, key)
+    }
+
+    /// A string in the stream's dynamic metadata.
+    pub fn dynamic_metadata_string(self, namespace: &str, key: &str) -> Option<Vec<u8>> {
+        self.metadata_string(abi::METADATA_DYNAMIC, namespace, key)
+    }
+
+    fn metadata_string(self, source: u32, namespace: &str, key: &str) -> Option<Vec<u8>> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: live stream; copied at once.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_get_metadata_string(
+                self.0,
+                source,
+                buf(namespace),
+                buf(key),
+                &mut out,
+            )
+            .then(|| out.as_bytes().to_vec())
+        }
+    }
+
+    /// The top-level keys of a dynamic metadata namespace (no value is read, so no type
+    /// is probed: Envoy logs an error for a getter of the wrong type).
+    pub fn dynamic_metadata_keys(self, namespace: &str) -> Vec<String> {
+        // SAFETY: live stream; the array is sized by the call just before; copied at once.
+        unsafe {
+            let ns = buf(namespace);
+            let n = abi::envoy_dynamic_module_callback_http_get_metadata_keys_count(
+                self.0,
+                abi::METADATA_DYNAMIC,
+                ns,
+            );
+            if n == 0 {
+                return Vec::new();
+            }
+            let mut keys = vec![EnvoyBuffer::NULL; n];
+            if !abi::envoy_dynamic_module_callback_http_get_metadata_keys(
+                self.0,
+                abi::METADATA_DYNAMIC,
+                ns,
+                keys.as_mut_ptr(),
+            ) {
+                return Vec::new();
+            }
+            keys.iter()
+                .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned())
+                .collect()
+        }
+    }
+
+    /// The downstream peer's address (`ip:port`).
+    pub fn source_address(self) -> Option<String> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: live stream; copied at once.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
+                self.0,
+                abi::ATTRIBUTE_SOURCE_ADDRESS,
+                &mut out,
+            )
+            .then(|| String::from_utf8_lossy(out.as_bytes()).into_owned())
+        }
+    }
+
+    /// The response code sent downstream, once there is one.
+    pub fn response_code(self) -> Option<u32> {
+        let mut out = 0u64;
+        // SAFETY: live stream.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_get_attribute_int(
+                self.0,
+                abi::ATTRIBUTE_RESPONSE_CODE,
+                &mut out,
+            )
+        }
+        .then(|| u32::try_from(out).ok())
+        .flatten()
+    }
+
+    /// Add one to counter `id` (defined by this stream's filter config) with `labels`.
+    pub fn increment(self, id: usize, labels: &[&str]) {
+        let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l)).collect();
+        // SAFETY: live stream; labels outlive the call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_increment_counter(
+                self.0,
+                id,
+                labels.as_ptr(),
+                labels.len(),
+                1,
+            );
+        }
+    }
+}
+
+/// Envoy-owned bytes of a header entry.
+///
+/// # Safety
+/// `ptr`/`len` came from Envoy during the current hook.
+unsafe fn bytes<'a>(ptr: *const c_char, len: usize) -> &'a [u8] {
+    // SAFETY: the caller's contract.
+    unsafe { EnvoyBuffer { ptr, length: len }.as_bytes() }
+}
+
+/// Log through Envoy's `dynamic_modules` logger. Never a header, a body or a user.
+pub fn log(level: u32, message: &str) {
+    // SAFETY: Envoy copies the message; callable from any hook.
+    unsafe { abi::envoy_dynamic_module_callback_log(level, buf(message)) }
+}

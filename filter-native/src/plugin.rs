@@ -1,0 +1,353 @@
+//! One filter configuration (one `http_filters` entry): the request filter's settings,
+//! policy and counters, or the per-attempt stage's; and the kill-list poller.
+//!
+//! Envoy builds a configuration on the main thread and hands it to every worker, so what
+//! changes after that (the kill list in force) sits behind a lock. There is one kill list
+//! per configuration, not one per worker as in the wasm build: a native module shares the
+//! process's memory.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use halo_filter::config::{Config, KillSwitchSettings, Plugin as Decoded};
+use halo_filter::killstate::{FetchOutcome, KillState};
+use halo_policy::Snapshot;
+
+use crate::abi::{self, FilterConfigEnvoyPtr, ModuleBuffer, ModuleHeader};
+use crate::host::log;
+
+/// A filter configuration.
+pub enum Plugin {
+    Request(Box<RequestPlugin>),
+    Attempt(AttemptPlugin),
+}
+
+/// Counter ids of one configuration (defined while Envoy builds it: later is too late).
+pub struct Counters {
+    pub requests: Option<usize>,
+    pub auth_failures: Option<usize>,
+    pub decisions: Option<usize>,
+    pub killswitch_fetch: Option<usize>,
+}
+
+/// The request filter's configuration.
+pub struct RequestPlugin {
+    pub cfg: Config,
+    pub counters: Counters,
+    /// The snapshot with the kill list in force applied, swapped when a list is accepted.
+    effective: RwLock<Arc<Snapshot>>,
+    kill: Mutex<KillState>,
+    poller: Option<Poller>,
+    envoy: ConfigPtr,
+}
+
+/// The per-attempt stage's configuration.
+pub struct AttemptPlugin {
+    pub rewrites: Option<usize>,
+}
+
+/// Envoy's side of a configuration. Envoy calls the configuration's hooks on the main
+/// thread only; the pointer itself is only passed back to Envoy.
+#[derive(Clone, Copy)]
+struct ConfigPtr(FilterConfigEnvoyPtr);
+// SAFETY: only handed back to Envoy, from the main thread's hooks.
+unsafe impl Send for ConfigPtr {}
+// SAFETY: as above.
+unsafe impl Sync for ConfigPtr {}
+
+/// The event the poller thread schedules on the main thread.
+pub const POLL_EVENT: u64 = 1;
+
+/// Wakes the main thread every poll interval: a thread that sleeps, and Envoy's
+/// configuration scheduler (its commit is the one call allowed from any thread).
+struct Poller {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    scheduler: SchedulerPtr,
+    /// The callout in flight, if any.
+    inflight: Mutex<Option<u64>>,
+}
+
+#[derive(Clone, Copy)]
+struct SchedulerPtr(abi::ConfigSchedulerPtr);
+// SAFETY: Envoy documents scheduler commit as callable from any thread.
+unsafe impl Send for SchedulerPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SchedulerPtr {}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // SAFETY: the thread that committed to it has ended; deleted once.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.scheduler.0)
+        }
+    }
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn define(envoy: FilterConfigEnvoyPtr, name: &str, labels: &[&str]) -> Option<usize> {
+    let labels: Vec<ModuleBuffer> = labels
+        .iter()
+        .map(|l| ModuleBuffer::of(l.as_bytes()))
+        .collect();
+    let mut id = 0usize;
+    // SAFETY: called from config_new with its live config pointer; buffers outlive it.
+    let result = unsafe {
+        abi::envoy_dynamic_module_callback_http_filter_config_define_counter(
+            envoy,
+            ModuleBuffer::of(name.as_bytes()),
+            labels.as_ptr(),
+            labels.len(),
+            &mut id,
+        )
+    };
+    (result == abi::METRICS_SUCCESS).then_some(id)
+}
+
+impl Plugin {
+    /// Decode a configuration; `Err` is the reason to refuse it (logged by the caller).
+    ///
+    /// # Safety
+    /// `envoy` is the live config pointer of the `config_new` hook being run.
+    pub unsafe fn new(envoy: FilterConfigEnvoyPtr, bytes: &[u8]) -> Result<Plugin, String> {
+        let env = |name: &str| std::env::var(name).ok();
+        let cfg = match Decoded::from_bytes_with_env(bytes, &env).map_err(|e| e.to_string())? {
+            Decoded::Attempt => {
+                return Ok(Plugin::Attempt(AttemptPlugin {
+                    rewrites: define(envoy, "attempt_rewrites", &[]),
+                }));
+            }
+            Decoded::Request(cfg) => *cfg,
+        };
+        let counters = Counters {
+            requests: define(
+                envoy,
+                "requests",
+                &["halo_ring", "halo_variant", "halo_status"],
+            ),
+            auth_failures: define(envoy, "auth_failures", &[]),
+            decisions: define(
+                envoy,
+                "decisions",
+                &["halo_ring", "halo_variant", "halo_source"],
+            ),
+            killswitch_fetch: define(envoy, "killswitch_fetch", &["halo_outcome"]),
+        };
+        if let Some(ks) = &cfg.kill_switch
+            && let Err(e) = &ks.key
+        {
+            log(
+                abi::LOG_ERROR,
+                &format!(
+                    "halo: the kill-switch public key is unusable ({e}); traffic flows unkilled and is stamped x-halo-killswitch: misconfigured"
+                ),
+            );
+        }
+        if cfg.identity.mode.is_none() {
+            log(
+                abi::LOG_ERROR,
+                "halo: no identity configuration (no issuer, no trusted proxies, no mode): every request is answered 503",
+            );
+        }
+        let mut kill = KillState::new();
+        let effective = Arc::new(kill.effective(&cfg.snapshot));
+        let mut plugin = RequestPlugin {
+            effective: RwLock::new(effective),
+            kill: Mutex::new(KillState::new()),
+            poller: None,
+            envoy: ConfigPtr(envoy),
+            counters,
+            cfg,
+        };
+        // A kill list pushed with the configuration is verified and applied exactly as a
+        // polled one; the poll keeps running as the fallback.
+        if let (Some(envelope), Some(Ok(key))) = (
+            plugin.cfg.kill_list.clone(),
+            plugin.cfg.kill_switch.as_ref().map(|k| k.key.clone()),
+        ) {
+            let outcome = kill.on_fetch(Some(200), &envelope, &key, now_secs());
+            if outcome != FetchOutcome::Accepted {
+                log(
+                    abi::LOG_ERROR,
+                    &format!("halo: pushed kill list refused: {}", outcome.as_str()),
+                );
+            }
+            plugin.count_fetch(outcome);
+            *plugin.effective.write().unwrap_or_else(|e| e.into_inner()) =
+                Arc::new(kill.effective(&plugin.cfg.snapshot));
+            plugin.kill = Mutex::new(kill);
+        }
+        if let Some(ks) = &plugin.cfg.kill_switch
+            && ks.key.is_ok()
+        {
+            plugin.poller = Some(Poller::start(envoy, ks.interval_secs));
+        }
+        Ok(Plugin::Request(Box::new(plugin)))
+    }
+}
+
+impl Poller {
+    fn start(envoy: FilterConfigEnvoyPtr, interval_secs: u32) -> Poller {
+        // SAFETY: config_new's live config pointer.
+        let scheduler = SchedulerPtr(unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(envoy)
+        });
+        let (stop, stopped) = mpsc::channel::<()>();
+        let interval = Duration::from_secs(u64::from(interval_secs.max(1)));
+        let thread = std::thread::Builder::new()
+            .name("halo-killswitch".into())
+            .spawn(move || {
+                let scheduler = scheduler;
+                loop {
+                    // SAFETY: thread-safe by Envoy's contract; the scheduler is deleted
+                    // only after this thread ends.
+                    unsafe {
+                        abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+                            scheduler.0,
+                            POLL_EVENT,
+                        );
+                    }
+                    match stopped.recv_timeout(interval) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                        _ => break,
+                    }
+                }
+            })
+            .ok();
+        Poller {
+            stop: Some(stop),
+            thread,
+            scheduler,
+            inflight: Mutex::new(None),
+        }
+    }
+}
+
+impl RequestPlugin {
+    /// The snapshot in force for a new request.
+    pub fn effective(&self) -> Arc<Snapshot> {
+        self.effective
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// True when the kill switch is configured with an unusable key.
+    pub fn misconfigured(&self) -> bool {
+        self.cfg
+            .kill_switch
+            .as_ref()
+            .is_some_and(|k| k.key.is_err())
+    }
+
+    fn count_fetch(&self, outcome: FetchOutcome) {
+        if let Some(id) = self.counters.killswitch_fetch {
+            let label = ModuleBuffer::of(outcome.as_str().as_bytes());
+            // SAFETY: the config pointer is live for the configuration's lifetime; called
+            // on the main thread (config_new, scheduled and callout hooks).
+            unsafe {
+                abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                    self.envoy.0,
+                    id,
+                    &label,
+                    1,
+                    1,
+                );
+            }
+        }
+    }
+
+    /// The poller's wake-up (main thread): start a poll unless one is in flight.
+    pub fn on_poll_due(&self) {
+        let (Some(poller), Some(ks)) = (&self.poller, &self.cfg.kill_switch) else {
+            return;
+        };
+        let mut inflight = poller.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        if inflight.is_some() {
+            return;
+        }
+        match self.call_out(ks) {
+            Some(id) => *inflight = Some(id),
+            None => self.count_fetch(FetchOutcome::HttpError),
+        }
+    }
+
+    fn call_out(&self, ks: &KillSwitchSettings) -> Option<u64> {
+        let auth = format!("Bearer {}", ks.token);
+        let headers: Vec<(&str, &str)> = vec![
+            (":method", "GET"),
+            (":path", ks.path.as_str()),
+            (":authority", ks.authority.as_str()),
+            ("host", ks.authority.as_str()),
+            ("authorization", auth.as_str()),
+            ("accept", "application/json"),
+        ];
+        let headers: Vec<ModuleHeader> = headers
+            .iter()
+            .map(|(n, v)| ModuleHeader {
+                key_ptr: n.as_ptr().cast(),
+                key_length: n.len(),
+                value_ptr: v.as_ptr().cast(),
+                value_length: v.len(),
+            })
+            .collect();
+        let mut id = 0u64;
+        // SAFETY: main thread, live config pointer; Envoy copies every buffer.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_http_callout(
+                self.envoy.0,
+                &mut id,
+                ModuleBuffer::of(ks.cluster.as_bytes()),
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::NULL,
+                5_000,
+            )
+        };
+        (result == abi::CALLOUT_INIT_SUCCESS).then_some(id)
+    }
+
+    /// A poll's answer (main thread): verify, apply, count. `status` is `None` when the
+    /// call failed.
+    pub fn on_poll_answer(&self, id: u64, status: Option<u16>, body: &[u8]) {
+        let Some(poller) = &self.poller else { return };
+        {
+            let mut inflight = poller.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            if *inflight != Some(id) {
+                return;
+            }
+            *inflight = None;
+        }
+        let Some(Ok(key)) = self.cfg.kill_switch.as_ref().map(|k| k.key.clone()) else {
+            return;
+        };
+        let mut kill = self.kill.lock().unwrap_or_else(|e| e.into_inner());
+        let outcome = kill.on_fetch(status, body, &key, now_secs());
+        if outcome != FetchOutcome::Accepted && outcome != FetchOutcome::Unchanged {
+            // The outcome only: never the body or the token.
+            log(
+                abi::LOG_WARN,
+                &format!(
+                    "halo: kill list poll refused: {}; keeping the list in force",
+                    outcome.as_str()
+                ),
+            );
+        }
+        self.count_fetch(outcome);
+        if outcome == FetchOutcome::Accepted {
+            let next = Arc::new(kill.effective(&self.cfg.snapshot));
+            *self.effective.write().unwrap_or_else(|e| e.into_inner()) = next;
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The request filter: Envoy's request into halo-filter's pipeline, its answer back.
+//! The same steps as the wasm build's request filter, through [`Stream`] calls.
+
+use std::sync::Arc;
+
+use halo_filter::attempt::{self, ATTEMPT_PROPERTY};
+use halo_filter::cidr;
+use halo_filter::config::IdentityMode;
+use halo_filter::hygiene;
+use halo_filter::pipeline::{self, Forward, Head, Pending, Reply};
+use halo_policy::admit;
+use halo_policy::body_scan::Incremental;
+use halo_policy::decide::{RouteSource, UNKNOWN_RING};
+
+use crate::abi;
+use crate::host::{Body, Stream};
+use crate::jwt::{self, Verified};
+use crate::plugin::RequestPlugin;
+
+const JWT_METADATA: &str = "envoy.filters.http.jwt_authn";
+
+/// One request's state.
+pub struct RequestFilter {
+    plugin: Arc<RequestPlugin>,
+    pending: Option<Pending>,
+    /// The request headers as they reached this filter, names lowercase.
+    headers: Vec<(String, String)>,
+    /// The body received so far, copied piece by piece as it arrives so the scan runs
+    /// while the upload does.
+    body: Vec<u8>,
+    scan: Option<Incremental>,
+    removals: Vec<String>,
+    ring: Option<String>,
+    variant: Option<String>,
+}
+
+/// What a hook answers Envoy.
+pub enum Next {
+    Continue,
+    /// Hold the headers (a local reply was sent, or the body is awaited).
+    Stop,
+    /// Keep the body piece buffered and wait for more.
+    Buffer,
+}
+
+impl RequestFilter {
+    pub fn new(plugin: Arc<RequestPlugin>) -> RequestFilter {
+        RequestFilter {
+            plugin,
+            pending: None,
+            headers: Vec::new(),
+            body: Vec::new(),
+            scan: None,
+            removals: Vec::new(),
+            ring: None,
+            variant: None,
+        }
+    }
+
+    fn reply(&mut self, s: Stream, reply: Reply) -> Next {
+        if reply.reason == "auth"
+            && let Some(id) = self.plugin.counters.auth_failures
+        {
+            s.increment(id, &[]);
+        }
+        s.send_response(reply.status, &reply.headers, &reply.body);
+        Next::Stop
+    }
+
+    pub fn on_request_headers(&mut self, s: Stream, end_of_stream: bool) -> Next {
+        let headers = s.request_headers();
+        let cfg = &self.plugin.cfg;
+        let claims = match cfg.identity.mode {
+            Some(IdentityMode::Jwt) => self.claims(s, &headers),
+            _ => None,
+        };
+        let peer = (cfg.identity.mode == Some(IdentityMode::TrustedHeader))
+            .then(|| s.source_address())
+            .flatten()
+            .and_then(|a| cidr::peer_ip(&a));
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let head = Head {
+            method: header(":method").unwrap_or_default(),
+            path: header(":path").unwrap_or_default(),
+            headers: &headers,
+            peer,
+            claims,
+            content_length: content_length(&headers),
+        };
+        self.removals = hygiene::removals(cfg, &headers);
+        let head_result = pipeline::on_head(cfg, &head);
+        self.headers = headers;
+        match head_result {
+            Err(reply) => self.reply(s, reply),
+            Ok(pending) => {
+                if admit::body_carries_model(&pending.method, &pending.path) {
+                    self.scan = Some(Incremental::new());
+                }
+                self.pending = Some(pending);
+                if end_of_stream {
+                    self.finish(s, false)
+                } else {
+                    Next::Stop
+                }
+            }
+        }
+    }
+
+    /// The claims jwt_authn verified on this request, if it verified a token.
+    fn claims(&self, s: Stream, headers: &[(String, String)]) -> Option<pipeline::VerifiedClaims> {
+        let id = &self.plugin.cfg.identity;
+        let verified = s
+            .dynamic_metadata_keys(JWT_METADATA)
+            .contains(&id.jwt_metadata_key);
+        if !verified {
+            return None;
+        }
+        let values: Vec<String> = headers
+            .iter()
+            .filter(|(n, _)| n == jwt::PAYLOAD_HEADER)
+            .map(|(_, v)| v.clone())
+            .collect();
+        match jwt::claims(&values, &id.user_claim, &id.groups_claim) {
+            Verified::Claims(c) => Some(c),
+            Verified::None | Verified::Unreadable => None,
+        }
+    }
+
+    pub fn on_request_body(&mut self, s: Stream, end_of_stream: bool) -> Next {
+        if self.pending.is_none() {
+            return Next::Continue;
+        }
+        let max = self.plugin.cfg.max_body_bytes;
+        let received = s.request_body_size(Body::Received);
+        if u64::try_from(self.body.len() + received).unwrap_or(u64::MAX) > max {
+            self.pending = None;
+            return self.reply(s, Reply::too_large(max));
+        }
+        // The piece of this call; an earlier filter's whole buffer when it resumed (then
+        // it is everything, and nothing was copied before).
+        if s.received_is_buffered() {
+            self.body.clear();
+        }
+        s.copy_request_body(Body::Received, &mut self.body);
+        if !end_of_stream {
+            if let Some(scan) = self.scan.as_mut()
+                && scan.feed(&self.body).is_err()
+            {
+                // Invalid already, whatever follows: refused now with the scan's reason.
+                return self.finish(s, true);
+            }
+            return Next::Buffer;
+        }
+        self.finish(s, true)
+    }
+
+    /// The body-time step, and writing its result into the request.
+    fn finish(&mut self, s: Stream, in_body: bool) -> Next {
+        let Some(pending) = self.pending.take() else {
+            return Next::Continue;
+        };
+        let body = std::mem::take(&mut self.body);
+        let scanned = self.scan.take().map(|scan| scan.finish(&body));
+        let snap = self.plugin.effective();
+        match pipeline::on_body(&self.plugin.cfg, &snap, &pending, &body, scanned) {
+            Err(reply) => self.reply(s, reply),
+            Ok(forward) => {
+                self.apply(s, forward, &body, in_body);
+                Next::Continue
+            }
+        }
+    }
+
+    fn apply(&mut self, s: Stream, mut forward: Forward, body: &[u8], in_body: bool) {
+        for name in &self.removals {
+            let stamped = forward.stamps.iter().any(|(stamp, _)| stamp == name);
+            let sent = self.headers.iter().filter(|(n, _)| n == name).count();
+            if !(stamped && sent <= 1) {
+                s.set_request_header(name, None);
+            }
+        }
+        if let Some(path) = &forward.path {
+            s.set_request_header(":path", Some(path));
+        }
+        if let Some(edit) = &forward.body
+            && in_body
+        {
+            // No prepend in this ABI: the rewritten body replaces both parts (what was
+            // buffered and this call's piece), and goes on as this call's piece.
+            let rewritten = edit.apply(body);
+            s.drain_request_body(Body::Buffered);
+            s.replace_request_body(Body::Received, &rewritten);
+            if edit.prefix.len() != edit.drop {
+                let length = content_length(&self.headers).map(|_| rewritten.len().to_string());
+                s.set_request_header("content-length", length.as_deref());
+            }
+        }
+        if let Some(mut note) = forward.attempt_note.take() {
+            note.headers = attempt::RESTORED_HEADERS
+                .iter()
+                .chain(attempt::CLIENT_CREDENTIAL_HEADERS.iter())
+                .filter(|h| !self.removals.iter().any(|r| r == *h))
+                .filter_map(|h| {
+                    self.headers
+                        .iter()
+                        .find(|(n, _)| n == h)
+                        .map(|(n, v)| (n.clone(), v.clone()))
+                })
+                .collect();
+            s.set_filter_state(ATTEMPT_PROPERTY, note.encode().as_bytes());
+        }
+        for (name, value) in &forward.stamps {
+            s.set_request_header(name, Some(value));
+        }
+        // The stamps name the cluster (the route's cluster header); Envoy chose the
+        // route's cluster before this filter ran.
+        s.refresh_route();
+        if self.plugin.misconfigured() {
+            s.set_request_header(hygiene::KILLSWITCH, Some(hygiene::KILLSWITCH_MISCONFIGURED));
+        }
+        if let (Some(d), Some(id)) = (&forward.decision, self.plugin.counters.decisions) {
+            let source = match d.source {
+                RouteSource::Gateway => "gateway",
+                RouteSource::Toggle => "toggle",
+                RouteSource::Experiment => "experiment",
+            };
+            s.increment(
+                id,
+                &[
+                    &d.ring,
+                    forward.variant.as_deref().unwrap_or("none"),
+                    source,
+                ],
+            );
+        }
+        self.ring = Some(forward.ring);
+        self.variant = forward.variant;
+    }
+
+    /// The stream ended: count it by ring, variant and status.
+    pub fn on_stream_complete(&mut self, s: Stream) {
+        let Some(id) = self.plugin.counters.requests else {
+            return;
+        };
+        let status = s.response_code().unwrap_or(0).to_string();
+        let ring = self.ring.as_deref().unwrap_or(UNKNOWN_RING);
+        s.increment(
+            id,
+            &[ring, self.variant.as_deref().unwrap_or("none"), &status],
+        );
+    }
+}
+
+/// The announced body size, if any.
+fn content_length(headers: &[(String, String)]) -> Option<u64> {
+    headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// The abi status of a request-headers answer.
+pub fn headers_status(next: Next) -> u32 {
+    match next {
+        Next::Continue => abi::HEADERS_CONTINUE,
+        Next::Stop | Next::Buffer => abi::HEADERS_STOP_ITERATION,
+    }
+}
+
+/// The abi status of a request-body answer.
+pub fn body_status(next: Next) -> u32 {
+    match next {
+        Next::Continue => abi::BODY_CONTINUE,
+        // After a local reply Envoy ignores the answer; stop either way.
+        Next::Stop | Next::Buffer => abi::BODY_STOP_AND_BUFFER,
+    }
+}
