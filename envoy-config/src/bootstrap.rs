@@ -769,9 +769,12 @@ mod tests {
             "/opt/halo/libhalo_filter_native.so"
         );
         assert_eq!(tc["filter_name"], "halo");
-        let doc: Value =
-            serde_json::from_str(tc["filter_config"]["value"].as_str().expect("config string"))
-                .expect("the filter's configuration document");
+        let doc: Value = serde_json::from_str(
+            tc["filter_config"]["value"]
+                .as_str()
+                .expect("config string"),
+        )
+        .expect("the filter's configuration document");
         assert_eq!(doc, filter_configuration(&snap, &json!({})));
         let stage = attempt_filter("/opt/halo/libhalo_filter_native.so");
         assert_eq!(stage["typed_config"]["filter_name"], "halo-attempt");
@@ -791,7 +794,10 @@ mod tests {
             let j = jwt_authn(&snap, "https://idp.example/jwks", module).expect("jwt_authn");
             j["typed_config"]["providers"]["halo"]["forward_payload_header"].clone()
         };
-        assert_eq!(header("/x/libhalo_filter_native.so"), names::JWT_PAYLOAD_HEADER);
+        assert_eq!(
+            header("/x/libhalo_filter_native.so"),
+            names::JWT_PAYLOAD_HEADER
+        );
         assert_eq!(header("/x/halo_filter.wasm"), Value::Null);
     }
 

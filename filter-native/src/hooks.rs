@@ -11,7 +11,7 @@ use crate::abi::{
     FilterModulePtr,
 };
 use crate::host::{Stream, log};
-use crate::plugin::{POLL_EVENT, Plugin};
+use crate::plugin::{Plugin, TICK_EVENT};
 use crate::request::{self, RequestFilter};
 use crate::stage::Stage;
 
@@ -92,9 +92,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
 ) {
     // SAFETY: a live config (Envoy's contract).
     if let Config::Request(p) = unsafe { config_ref(config) }
-        && event_id == POLL_EVENT
+        && event_id == TICK_EVENT
     {
-        p.on_poll_due();
+        p.on_tick();
     }
 }
 

@@ -70,12 +70,10 @@ impl Stream {
             }
             out.iter()
                 .map(|h| {
+                    // Envoy's header maps hold names lowercase.
                     let key = bytes(h.key_ptr, h.key_length);
                     let value = bytes(h.value_ptr, h.value_length);
-                    (
-                        String::from_utf8_lossy(key).to_ascii_lowercase(),
-                        String::from_utf8_lossy(value).into_owned(),
-                    )
+                    (owned(key), owned(value))
                 })
                 .collect()
         }
@@ -103,7 +101,7 @@ impl Stream {
                 0,
                 std::ptr::null_mut(),
             )
-            .then(|| String::from_utf8_lossy(out.as_bytes()).into_owned())
+            .then(|| owned(out.as_bytes()))
         }
     }
 
@@ -348,9 +346,7 @@ impl Stream {
             ) {
                 return Vec::new();
             }
-            keys.iter()
-                .map(|k| String::from_utf8_lossy(k.as_bytes()).into_owned())
-                .collect()
+            keys.iter().map(|k| owned(k.as_bytes())).collect()
         }
     }
 
@@ -364,7 +360,7 @@ impl Stream {
                 abi::ATTRIBUTE_SOURCE_ADDRESS,
                 &mut out,
             )
-            .then(|| String::from_utf8_lossy(out.as_bytes()).into_owned())
+            .then(|| owned(out.as_bytes()))
         }
     }
 
@@ -406,6 +402,14 @@ impl Stream {
 unsafe fn bytes<'a>(ptr: *const c_char, len: usize) -> &'a [u8] {
     // SAFETY: the caller's contract.
     unsafe { EnvoyBuffer { ptr, length: len }.as_bytes() }
+}
+
+/// Envoy's bytes as a String (one copy; invalid UTF-8 replaced, as proxy-wasm does).
+fn owned(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
 }
 
 /// Log through Envoy's `dynamic_modules` logger. Never a header, a body or a user.

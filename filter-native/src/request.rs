@@ -58,10 +58,10 @@ impl RequestFilter {
     }
 
     fn reply(&mut self, s: Stream, reply: Reply) -> Next {
-        if reply.reason == "auth"
-            && let Some(id) = self.plugin.counters.auth_failures
-        {
-            s.increment(id, &[]);
+        if reply.reason == "auth" {
+            self.plugin
+                .tally
+                .add(self.plugin.counters.auth_failures, &[]);
         }
         s.send_response(reply.status, &reply.headers, &reply.body);
         Next::Stop
@@ -223,20 +223,17 @@ impl RequestFilter {
         if self.plugin.misconfigured() {
             s.set_request_header(hygiene::KILLSWITCH, Some(hygiene::KILLSWITCH_MISCONFIGURED));
         }
-        if let (Some(d), Some(id)) = (&forward.decision, self.plugin.counters.decisions) {
+        if let Some(d) = &forward.decision {
             let source = match d.source {
                 RouteSource::Gateway => "gateway",
                 RouteSource::Toggle => "toggle",
                 RouteSource::Experiment => "experiment",
             };
-            s.increment(
-                id,
-                &[
-                    &d.ring,
-                    forward.variant.as_deref().unwrap_or("none"),
-                    source,
-                ],
-            );
+            let variant = forward.variant.as_deref().unwrap_or("none");
+            let labels = [d.ring.as_str(), variant, source];
+            self.plugin
+                .tally
+                .add(self.plugin.counters.decisions, &labels);
         }
         self.ring = Some(forward.ring);
         self.variant = forward.variant;
@@ -244,15 +241,15 @@ impl RequestFilter {
 
     /// The stream ended: count it by ring, variant and status.
     pub fn on_stream_complete(&mut self, s: Stream) {
-        let Some(id) = self.plugin.counters.requests else {
+        if self.plugin.counters.requests.is_none() {
             return;
-        };
+        }
         let status = s.response_code().unwrap_or(0).to_string();
         let ring = self.ring.as_deref().unwrap_or(UNKNOWN_RING);
-        s.increment(
-            id,
-            &[ring, self.variant.as_deref().unwrap_or("none"), &status],
-        );
+        let labels = [ring, self.variant.as_deref().unwrap_or("none"), &status];
+        self.plugin
+            .tally
+            .add(self.plugin.counters.requests, &labels);
     }
 }
 

@@ -37,10 +37,15 @@ pub fn removals(cfg: &Config, headers: &[(String, String)]) -> Vec<String> {
         }
     };
     for (name, _) in headers {
-        let name = name.to_ascii_lowercase();
-        let identity = cfg.identity.identity_header.as_deref() == Some(name.as_str())
-            || cfg.identity.groups_header.as_deref() == Some(name.as_str());
-        let credential = !cfg.forward_auth && CREDENTIAL_HEADERS.contains(&name.as_str());
+        // Envoy hands header names lowercase already: no copy unless one is not.
+        let name: std::borrow::Cow<'_, str> = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            name.to_ascii_lowercase().into()
+        } else {
+            name.as_str().into()
+        };
+        let identity = cfg.identity.identity_header.as_deref() == Some(&*name)
+            || cfg.identity.groups_header.as_deref() == Some(&*name);
+        let credential = !cfg.forward_auth && CREDENTIAL_HEADERS.contains(&&*name);
         if name.starts_with(HALO_PREFIX) || identity || credential {
             push(&name);
         }

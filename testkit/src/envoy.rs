@@ -59,17 +59,48 @@ impl Envoy {
         Envoy::start_full(bootstrap, admin_port, 1, env)
     }
 
+    /// Start Envoy (one worker) under valgrind's callgrind with instrumentation off, to
+    /// count the instructions a stretch of requests costs ([`Envoy::count_instructions`]).
+    /// Instruction counts repeat to a fraction of a percent whatever else the machine
+    /// does, where time does not. Needs valgrind (Debian's `valgrind`).
+    pub fn start_under_callgrind(bootstrap: &str, admin_port: u16) -> Envoy {
+        Envoy::start_wrapped(bootstrap, admin_port, 1, &[], true)
+    }
+
     fn start_full(
         bootstrap: &str,
         admin_port: u16,
         concurrency: u32,
         env: &[(&str, Option<&str>)],
     ) -> Envoy {
+        Envoy::start_wrapped(bootstrap, admin_port, concurrency, env, false)
+    }
+
+    fn start_wrapped(
+        bootstrap: &str,
+        admin_port: u16,
+        concurrency: u32,
+        env: &[(&str, Option<&str>)],
+        callgrind: bool,
+    ) -> Envoy {
         let dir = tempfile::tempdir().expect("envoy temp dir");
         let config = dir.path().join("envoy.yaml");
         std::fs::write(&config, bootstrap).expect("write envoy bootstrap");
         let log = File::create(dir.path().join("envoy.log")).expect("envoy log file");
-        let mut command = Command::new(envoy_binary());
+        let mut command = if callgrind {
+            let mut c = Command::new("valgrind");
+            c.args(["--tool=callgrind", "--instr-atstart=no"])
+                // V8 (the wasm build) writes the code it runs.
+                .arg("--smc-check=all-non-file")
+                .arg(format!(
+                    "--callgrind-out-file={}",
+                    dir.path().join("callgrind.out").display()
+                ))
+                .arg(envoy_binary());
+            c
+        } else {
+            Command::new(envoy_binary())
+        };
         for (name, value) in env {
             match value {
                 Some(value) => command.env(name, value),
@@ -150,6 +181,54 @@ impl Envoy {
         body.lines()
             .filter_map(|line| line.split_once(": ")?.1.trim().parse::<u64>().ok())
             .sum()
+    }
+
+    /// The instructions Envoy executed (user space, all threads) while `work` ran, for an
+    /// Envoy started with [`Envoy::start_under_callgrind`]; `None` otherwise or when
+    /// callgrind did not answer.
+    pub fn count_instructions(&self, work: impl FnOnce()) -> Option<u64> {
+        let pid = self.child.id().to_string();
+        let control = |args: &[&str]| {
+            Command::new("callgrind_control")
+                .args(args)
+                .arg(&pid)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+        };
+        control(&["--instr=on"])?;
+        work();
+        control(&["--instr=off"])?;
+        let before = self.callgrind_dumps();
+        control(&["--dump"])?;
+        // The dump is a new file `callgrind.out.<n>`; its `totals:` line is the count since
+        // the last dump (a dump resets the counters).
+        let newest = crate::wait_until("callgrind dump", Duration::from_secs(30), || {
+            let dumps = self.callgrind_dumps();
+            (dumps.len() > before.len())
+                .then(|| dumps.into_iter().last())
+                .flatten()
+        });
+        let text = std::fs::read_to_string(newest).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("totals:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Callgrind's dump files, oldest first.
+    fn callgrind_dumps(&self) -> Vec<std::path::PathBuf> {
+        let mut dumps: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let n = name.strip_prefix("callgrind.out.")?.parse().ok()?;
+                Some((n, e.path()))
+            })
+            .collect();
+        dumps.sort();
+        dumps.into_iter().map(|(_, p)| p).collect()
     }
 
     /// CPU time the Envoy process has used so far, all threads, from the scheduler's

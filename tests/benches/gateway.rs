@@ -13,6 +13,12 @@
 //! (KiB, comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the filter alone, no
 //! jwt_authn), HALO_BENCH_REPS (interleaved repetitions of each cell, with the median;
 //! default 1), HALO_BENCH_BUILDS (`wasm,native` by default).
+//!
+//! `HALO_BENCH_CALLGRIND=<requests>` counts instead of timing: every Envoy runs under
+//! valgrind's callgrind and the bench reports the instructions Envoy executes per request
+//! (user space, all threads) over that many sequential requests after a warm-up. Counts
+//! repeat to a fraction of a percent on a busy machine, where times move by tens of
+//! percent; they leave out the kernel's share (sockets), which is the same for all.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -279,6 +285,15 @@ async fn main() {
         .split(',')
         .map(|b| b.trim().to_string())
         .collect();
+    let callgrind: Option<usize> = std::env::var("HALO_BENCH_CALLGRIND").ok().map(|n| {
+        n.parse()
+            .expect("HALO_BENCH_CALLGRIND: a number of requests")
+    });
+    if let Some(requests) = callgrind {
+        let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
+        count_instructions(&snap, &sink.url, no_jwt, &builds, &token, requests).await;
+        return;
+    }
     let gateways: Vec<(String, Gateway)> = builds
         .iter()
         .map(|build| {
@@ -387,6 +402,95 @@ async fn main() {
     }
     drop(baselines);
     micro_rewrite();
+}
+
+/// The callgrind mode: instructions per request of each baseline and build, per size.
+async fn count_instructions(
+    snap: &halo_policy::Snapshot,
+    upstream: &str,
+    no_jwt: bool,
+    builds: &[String],
+    token: &str,
+    requests: usize,
+) {
+    println!(
+        "Envoy 1.40 under callgrind, one worker; instructions Envoy executes per request (user space, all threads), over {requests} sequential requests after 20 warm-up ones"
+    );
+    for kib in sizes_kib() {
+        let b = body(kib * 1024);
+        let mut bare = None;
+        let mut rows: Vec<(String, f64)> = Vec::new();
+        for baseline in Baseline::ALL {
+            let port = halo_testkit::free_port();
+            let admin = halo_testkit::free_port();
+            let envoy = tokio::task::block_in_place(|| {
+                Envoy::start_under_callgrind(
+                    &bare_bootstrap(port, admin, upstream, baseline),
+                    admin,
+                )
+            });
+            let url = format!("http://127.0.0.1:{port}/v1/messages");
+            let n = count(&envoy, &url, None, &b, requests);
+            bare.get_or_insert(n);
+            rows.push((baseline.label().to_string(), n));
+        }
+        for build in builds {
+            let module = match build.as_str() {
+                "wasm" => halo_testkit::filter_wasm(),
+                _ => halo_testkit::filter_native_path(),
+            };
+            let mut opts = GatewayOptions {
+                wasm_path: Some(module),
+                callgrind: true,
+                ..GatewayOptions::default()
+            };
+            if no_jwt {
+                opts.settings = json!({"identity": {"mode": "none"}});
+            }
+            let gw = Gateway::start(snap.clone(), opts);
+            let url = format!("{}/v1/messages", gw.base);
+            let n = count(&gw.envoy, &url, Some(token), &b, requests);
+            rows.push((format!("halo {build}"), n));
+        }
+        let bare = bare.unwrap_or(1.0);
+        for (name, n) in rows {
+            println!(
+                "{:>7} KB  {name:<26} {n:>10.0} instructions/request  {:>5.2}x bare",
+                kib,
+                n / bare
+            );
+        }
+    }
+}
+
+/// Instructions per request over `requests` sequential requests on one connection.
+fn count(envoy: &Envoy, url: &str, auth: Option<&str>, body: &[u8], requests: usize) -> f64 {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        let client = halo_e2e::client_builder()
+            .pool_max_idle_per_host(1)
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("client");
+        let send = |n: usize| {
+            handle.block_on(async {
+                for _ in 0..n {
+                    let mut req = client.post(url).body(body.to_vec());
+                    if let Some(a) = auth {
+                        req = req.header("authorization", a);
+                    }
+                    let resp = req.send().await.expect("send");
+                    assert_eq!(resp.status().as_u16(), 200, "bench request failed");
+                    let _ = resp.bytes().await.expect("body");
+                }
+            })
+        };
+        send(20);
+        let total = envoy
+            .count_instructions(|| send(requests))
+            .expect("callgrind counted nothing (is valgrind installed?)");
+        total as f64 / requests as f64
+    })
 }
 
 fn median(values: &mut [f64]) -> f64 {

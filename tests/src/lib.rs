@@ -542,6 +542,8 @@ pub struct GatewayOptions {
     /// Provider keys through SDS files written here (the bootstrap's `secrets_dir`),
     /// instead of static secrets.
     pub secrets_dir: Option<std::path::PathBuf>,
+    /// Run Envoy (one worker) under callgrind, to count instructions per request.
+    pub callgrind: bool,
 }
 
 impl Default for GatewayOptions {
@@ -554,6 +556,7 @@ impl Default for GatewayOptions {
             jwt_payload_key: None,
             env: Vec::new(),
             secrets_dir: None,
+            callgrind: false,
         }
     }
 }
@@ -616,7 +619,9 @@ impl Gateway {
             .map(|(n, v)| (n.as_str(), v.as_deref()))
             .collect();
         let envoy = tokio::task::block_in_place(|| {
-            if env.is_empty() {
+            if opts.callgrind {
+                Envoy::start_under_callgrind(&yaml, admin)
+            } else if env.is_empty() {
                 Envoy::start_with(&yaml, admin, opts.concurrency)
             } else {
                 Envoy::start_with_env(&yaml, admin, &env)
