@@ -16,8 +16,8 @@ use crate::policy_dir::load_valid;
 
 #[derive(Debug, Subcommand)]
 pub enum EnvoyCommand {
-    /// Render envoy/standalone.yaml: listener -> jwt_authn -> the halo wasm filter ->
-    /// router, one cluster per upstream, the JWKS and kill-list clusters.
+    /// Render envoy/standalone.yaml: listener -> jwt_authn -> the halo filter -> router,
+    /// one cluster per upstream, the JWKS and kill-list clusters.
     Bootstrap(BootstrapArgs),
 }
 
@@ -25,9 +25,12 @@ pub enum EnvoyCommand {
 pub struct BootstrapArgs {
     #[arg(long, value_name = "DIR", env = "HALO_POLICY_DIR")]
     policy_dir: PathBuf,
-    /// Where Envoy finds halo_filter.wasm.
+    /// Where Envoy finds the filter: halo_filter.wasm (proxy-wasm, V8), or the native
+    /// build libhalo_filter_native.so (an Envoy 1.40 dynamic module; a `.so` path renders
+    /// it, with jwt_authn also forwarding the verified payload to it).
     #[arg(
         long,
+        alias = "filter",
         value_name = "PATH",
         default_value = "/etc/halos/halo_filter.wasm"
     )]

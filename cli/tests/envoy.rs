@@ -199,3 +199,29 @@ fn secrets_dir_gets_one_sds_file_per_key_reference_and_the_bootstrap_points_ther
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("must be absolute"));
 }
+
+#[test]
+fn a_shared_object_filter_path_renders_the_native_build() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("envoy.yaml");
+    let o = halo(&[
+        "envoy",
+        "bootstrap",
+        "--policy-dir",
+        "examples/acme-corp",
+        "--filter",
+        "/etc/halos/libhalo_filter_native.so",
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let yaml = std::fs::read_to_string(&out).expect("written");
+    assert!(yaml.contains("envoy.filters.http.dynamic_modules"));
+    assert!(yaml.contains("filename: \"/etc/halos/libhalo_filter_native.so\""));
+    assert!(
+        !yaml.contains("envoy.filters.http.wasm"),
+        "no wasm plugin left"
+    );
+    // The native build reads the verified payload from the header jwt_authn forwards.
+    assert!(yaml.contains("forward_payload_header: \"x-halo-jwt-payload\""));
+}

@@ -409,3 +409,25 @@ impl RequestPlugin {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tally_counts_per_counter_and_labels_and_starts_again_after_a_take() {
+        let t = Tally::default();
+        t.add(Some(1), &["general", "none", "200"]);
+        t.add(Some(1), &["general", "none", "200"]);
+        t.add(Some(1), &["canary", "none", "200"]);
+        t.add(Some(2), &["general", "none", "200"]);
+        t.add(None, &["ignored"]);
+        let counts = t.take();
+        let key = |id: usize, l: &[&str]| (id, l.iter().map(|s| s.to_string()).collect());
+        assert_eq!(counts.len(), 3);
+        assert_eq!(counts[&key(1, &["general", "none", "200"])], 2);
+        assert_eq!(counts[&key(1, &["canary", "none", "200"])], 1);
+        assert_eq!(counts[&key(2, &["general", "none", "200"])], 1);
+        assert!(t.take().is_empty());
+    }
+}

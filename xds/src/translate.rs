@@ -47,7 +47,8 @@ pub struct GatewaySettings {
     pub stream_idle_timeout_seconds: u32,
     /// CA bundle that verifies https upstreams.
     pub upstream_ca_file: String,
-    /// Path of halo_filter.wasm as Envoy sees it.
+    /// The filter as Envoy sees it: halo_filter.wasm, or the native build
+    /// libhalo_filter_native.so (a `.so` renders an Envoy dynamic module).
     pub wasm_path: String,
     /// The filter's `settings` object (identity, forwardAuth, maxBodyBytes, killSwitch...),
     /// delivered with the snapshot by ECDS.
