@@ -208,17 +208,18 @@ impl Stream {
         unsafe { abi::envoy_dynamic_module_callback_http_received_buffered_request_body(self.0) }
     }
 
-    /// Replace a request body's bytes with `with`.
-    pub fn replace_request_body(self, which: Body, with: &[u8]) {
+    /// Replace a request body's bytes with the concatenation of `parts` (each copied
+    /// once, into Envoy's buffer).
+    pub fn replace_request_body(self, which: Body, parts: &[&[u8]]) {
         let kind = which.request();
-        // SAFETY: live stream; Envoy copies `with`.
+        // SAFETY: live stream; Envoy copies each part during its call.
         unsafe {
             abi::envoy_dynamic_module_callback_http_drain_body(self.0, kind, usize::MAX);
-            if !with.is_empty() {
+            for part in parts.iter().filter(|p| !p.is_empty()) {
                 abi::envoy_dynamic_module_callback_http_append_body(
                     self.0,
                     kind,
-                    ModuleBuffer::of(with),
+                    ModuleBuffer::of(part),
                 );
             }
         }

@@ -190,13 +190,15 @@ impl RequestFilter {
         if let Some(edit) = &forward.body
             && in_body
         {
-            // No prepend in this ABI: the rewritten body replaces both parts (what was
-            // buffered and this call's piece), and goes on as this call's piece.
-            let rewritten = edit.apply(body);
+            // No prepend in this ABI: the rewritten body (the edited head, then the rest
+            // as received) replaces both parts, what was buffered and this call's piece,
+            // and goes on as this call's piece.
+            let rest = body.get(edit.drop..).unwrap_or_default();
             s.drain_request_body(Body::Buffered);
-            s.replace_request_body(Body::Received, &rewritten);
+            s.replace_request_body(Body::Received, &[&edit.prefix, rest]);
             if edit.prefix.len() != edit.drop {
-                let length = content_length(&self.headers).map(|_| rewritten.len().to_string());
+                let new_length = edit.prefix.len() + rest.len();
+                let length = content_length(&self.headers).map(|_| new_length.to_string());
                 s.set_request_header("content-length", length.as_deref());
             }
         }

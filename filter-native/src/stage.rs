@@ -121,8 +121,9 @@ impl Stage {
                     &model,
                 ) {
                     Some(edit) => {
+                        let rest = body.get(edit.drop..).unwrap_or_default();
                         s.drain_request_body(Body::Buffered);
-                        s.replace_request_body(Body::Received, &edit.apply(&body));
+                        s.replace_request_body(Body::Received, &[&edit.prefix, rest]);
                         self.counted(s);
                     }
                     None => log(
@@ -173,7 +174,7 @@ impl Stage {
         }
         if in_body {
             s.drain_request_body(Body::Buffered);
-            s.replace_request_body(Body::Received, &out.body);
+            s.replace_request_body(Body::Received, &[&out.body]);
         }
         for cause in &out.dropped {
             let cause = cause.as_str();
