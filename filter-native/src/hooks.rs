@@ -65,7 +65,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(
     config: FilterConfigModulePtr,
 ) {
     // SAFETY: made by Box::into_raw in config_new; Envoy destroys it once.
-    drop(unsafe { Box::from_raw(config as *mut Config) });
+    let config = unsafe { Box::from_raw(config as *mut Config) };
+    if let Config::Request(p) = &*config {
+        p.stop();
+    }
 }
 
 /// # Safety

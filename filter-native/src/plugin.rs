@@ -72,7 +72,8 @@ pub struct RequestPlugin {
     kill: Mutex<KillState>,
     /// Counts waiting for the next tick.
     pub tally: Tally,
-    ticker: Option<Ticker>,
+    /// Stopped when Envoy destroys the configuration, even while streams still hold it.
+    ticker: Mutex<Option<Ticker>>,
     poll: Mutex<PollState>,
     envoy: ConfigPtr,
 }
@@ -207,7 +208,7 @@ impl Plugin {
             effective: RwLock::new(effective),
             kill: Mutex::new(KillState::new()),
             tally: Tally::default(),
-            ticker: None,
+            ticker: Mutex::new(None),
             poll: Mutex::new(PollState {
                 next: Instant::now(),
                 inflight: None,
@@ -234,7 +235,7 @@ impl Plugin {
                 Arc::new(kill.effective(&plugin.cfg.snapshot));
             plugin.kill = Mutex::new(kill);
         }
-        plugin.ticker = Some(Ticker::start(envoy));
+        plugin.ticker = Mutex::new(Some(Ticker::start(envoy)));
         Ok(Plugin::Request(Box::new(plugin)))
     }
 }
@@ -275,6 +276,15 @@ impl Ticker {
 }
 
 impl RequestPlugin {
+    /// Envoy is destroying this configuration (main thread): stop the ticker and delete
+    /// its scheduler now. Streams still in flight may hold the configuration a while
+    /// longer, and the last of them may end on a worker thread; the scheduler must not
+    /// outlive Envoy's side of the configuration, nor be deleted from a worker.
+    pub fn stop(&self) {
+        let ticker = self.ticker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(ticker);
+    }
+
     /// The snapshot in force for a new request.
     pub fn effective(&self) -> Arc<Snapshot> {
         self.effective
@@ -409,6 +419,13 @@ impl RequestPlugin {
         }
     }
 }
+
+// A configuration is shared by every worker thread.
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<RequestPlugin>();
+    shared::<AttemptPlugin>();
+};
 
 #[cfg(test)]
 mod tests {
