@@ -146,6 +146,13 @@ impl RequestFilter {
         if s.received_is_buffered() {
             self.body.clear();
         }
+        if self.body.is_empty() {
+            self.body.reserve_exact(first_reservation(
+                content_length(&self.headers),
+                received,
+                max,
+            ));
+        }
         s.copy_request_body(Body::Received, &mut self.body);
         if !end_of_stream {
             if let Some(scan) = self.scan.as_mut()
@@ -255,6 +262,19 @@ impl RequestFilter {
     }
 }
 
+/// How much room to make for the body when its first piece arrives: the announced
+/// length, but at most eight times what arrived (and 128 KiB for a small first piece).
+/// Growing from nothing re-copies the body at each doubling; reserving the announced
+/// length outright would let a client that announces maxBodyBytes and sends a byte make
+/// every request allocate that much.
+fn first_reservation(announced: Option<u64>, received: usize, max: u64) -> usize {
+    let Some(announced) = announced.filter(|a| *a <= max) else {
+        return 0;
+    };
+    let bound = received.max(16 * 1024).saturating_mul(8);
+    usize::try_from(announced).map_or(0, |a| a.min(bound))
+}
+
 /// The announced body size, if any.
 fn content_length(headers: &[(String, String)]) -> Option<u64> {
     headers
@@ -277,5 +297,21 @@ pub fn body_status(next: Next) -> u32 {
         Next::Continue => abi::BODY_CONTINUE,
         // After a local reply Envoy ignores the answer; stop either way.
         Next::Stop | Next::Buffer => abi::BODY_STOP_AND_BUFFER,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_reservation;
+
+    #[test]
+    fn the_first_reservation_follows_the_announced_length_within_bounds() {
+        // A 100 KB body whose first piece is 16 KB: room for all of it at once.
+        assert_eq!(first_reservation(Some(100_000), 16_384, 1 << 25), 100_000);
+        // A client announcing the maximum and sending one byte gets 128 KiB, not 32 MiB.
+        assert_eq!(first_reservation(Some(1 << 25), 1, 1 << 25), 128 * 1024);
+        // Nothing announced, or more than the limit (answered 413 anyway): no guess.
+        assert_eq!(first_reservation(None, 4096, 1 << 25), 0);
+        assert_eq!(first_reservation(Some((1 << 25) + 1), 4096, 1 << 25), 0);
     }
 }
