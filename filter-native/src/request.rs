@@ -10,7 +10,7 @@ use halo_filter::hygiene;
 use halo_filter::pipeline::{self, Forward, Head, Pending, Reply};
 use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
-use halo_policy::decide::{RouteSource, UNKNOWN_RING};
+use halo_policy::decide::UNKNOWN_RING;
 
 use crate::abi;
 use crate::host::{Body, Stream};
@@ -78,20 +78,7 @@ impl RequestFilter {
             .then(|| s.source_address())
             .flatten()
             .and_then(|a| cidr::peer_ip(&a));
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
-        let head = Head {
-            method: header(":method").unwrap_or_default(),
-            path: header(":path").unwrap_or_default(),
-            headers: &headers,
-            peer,
-            claims,
-            content_length: content_length(&headers),
-        };
+        let head = Head::new(&headers, peer, claims);
         self.removals = hygiene::removals(cfg, &headers);
         let head_result = pipeline::on_head(cfg, &head);
         self.headers = headers;
@@ -148,7 +135,7 @@ impl RequestFilter {
         }
         if self.body.is_empty() {
             self.body.reserve_exact(first_reservation(
-                content_length(&self.headers),
+                pipeline::content_length(&self.headers),
                 received,
                 max,
             ));
@@ -205,22 +192,13 @@ impl RequestFilter {
             s.replace_request_body(Body::Received, &[&edit.prefix, rest]);
             if edit.prefix.len() != edit.drop {
                 let new_length = edit.prefix.len() + rest.len();
-                let length = content_length(&self.headers).map(|_| new_length.to_string());
+                let length =
+                    pipeline::content_length(&self.headers).map(|_| new_length.to_string());
                 s.set_request_header("content-length", length.as_deref());
             }
         }
         if let Some(mut note) = forward.attempt_note.take() {
-            note.headers = attempt::RESTORED_HEADERS
-                .iter()
-                .chain(attempt::CLIENT_CREDENTIAL_HEADERS.iter())
-                .filter(|h| !self.removals.iter().any(|r| r == *h))
-                .filter_map(|h| {
-                    self.headers
-                        .iter()
-                        .find(|(n, _)| n == h)
-                        .map(|(n, v)| (n.clone(), v.clone()))
-                })
-                .collect();
+            note.headers = attempt::noted_headers(&self.headers, &self.removals);
             s.set_filter_state(ATTEMPT_PROPERTY, note.encode().as_bytes());
         }
         for (name, value) in &forward.stamps {
@@ -233,13 +211,8 @@ impl RequestFilter {
             s.set_request_header(hygiene::KILLSWITCH, Some(hygiene::KILLSWITCH_MISCONFIGURED));
         }
         if let Some(d) = &forward.decision {
-            let source = match d.source {
-                RouteSource::Gateway => "gateway",
-                RouteSource::Toggle => "toggle",
-                RouteSource::Experiment => "experiment",
-            };
             let variant = forward.variant.as_deref().unwrap_or("none");
-            let labels = [d.ring.as_str(), variant, source];
+            let labels = [d.ring.as_str(), variant, d.source.as_str()];
             self.plugin
                 .tally
                 .add(self.plugin.counters.decisions, &labels);
@@ -273,14 +246,6 @@ fn first_reservation(announced: Option<u64>, received: usize, max: u64) -> usize
     };
     let bound = received.max(16 * 1024).saturating_mul(8);
     usize::try_from(announced).map_or(0, |a| a.min(bound))
-}
-
-/// The announced body size, if any.
-fn content_length(headers: &[(String, String)]) -> Option<u64> {
-    headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// The abi status of a request-headers answer.

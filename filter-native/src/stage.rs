@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use halo_filter::attempt::{self, ATTEMPT_PROPERTY, Note, Work};
 use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
 use halo_providers::ResponseConversion;
-use halo_providers::eventstream::{EVENTSTREAM_CONTENT_TYPE, EventStreamToSse};
+use halo_providers::eventstream::EventStreamToSse;
 
 use crate::abi;
 use crate::host::{Body, Stream, log};
@@ -204,11 +204,9 @@ impl Stage {
         if self.convert.is_none() {
             return;
         }
-        let ok = s.response_header(":status").as_deref() == Some("200");
-        let eventstream = s
-            .response_header("content-type")
-            .is_some_and(|v| v.starts_with(EVENTSTREAM_CONTENT_TYPE));
-        if !(ok && eventstream) {
+        let status = s.response_header(":status");
+        let content_type = s.response_header("content-type");
+        if !attempt::converts_answer(status.as_deref(), content_type.as_deref()) {
             // An error answer (JSON) goes to the client as Bedrock wrote it.
             self.convert = None;
             return;
@@ -222,22 +220,19 @@ impl Stage {
             return;
         };
         let chunk = s.received_response_body();
-        let mut out = match conv.feed(&chunk) {
+        let mut out = match attempt::convert_piece(conv, &chunk) {
             Ok(sse) => sse,
-            Err(e) => {
+            Err((sse, why)) => {
                 self.convert = None;
                 log(
                     abi::LOG_WARN,
-                    &format!("halo: per-attempt stage: Bedrock event stream unreadable: {e}"),
+                    &format!("halo: per-attempt stage: Bedrock event stream unreadable: {why}"),
                 );
-                sse_error(&e.to_string())
+                sse
             }
         };
-        if end_of_stream
-            && let Some(conv) = self.convert.take()
-            && let Err(e) = conv.finish()
-        {
-            out.extend(sse_error(&e.to_string()));
+        if end_of_stream && let Some(conv) = self.convert.take() {
+            out.extend(attempt::finish_conversion(&conv));
         }
         // Each piece is replaced by the events it completed: streaming stays incremental.
         s.replace_received_response_body(&out);
@@ -270,11 +265,4 @@ fn remove_headers(s: Stream, names: &[&str], prefixes: &[&str]) {
             s.set_request_header(&name, None);
         }
     }
-}
-
-/// An Anthropic SSE `error` event.
-fn sse_error(message: &str) -> Vec<u8> {
-    let data =
-        serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}});
-    format!("event: error\ndata: {data}\n\n").into_bytes()
 }

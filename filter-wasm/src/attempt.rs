@@ -333,6 +333,53 @@ pub fn rewrite_head(head: &[u8], start: usize, end: usize, model: &str) -> Optio
     Some(PrefixEdit::model(head, start, end, model))
 }
 
+/// The client's values of the headers an attempt restores ([`RESTORED_HEADERS`]) and,
+/// when hygiene kept them (forwardAuth), its credentials, for [`Note::headers`]: from the
+/// request headers as the request filter read them, less what hygiene removes.
+pub fn noted_headers(headers: &[(String, String)], removals: &[String]) -> Vec<(String, String)> {
+    RESTORED_HEADERS
+        .iter()
+        .chain(CLIENT_CREDENTIAL_HEADERS.iter())
+        .filter(|h| !removals.iter().any(|r| r == *h))
+        .filter_map(|h| headers.iter().find(|(n, _)| n == h).cloned())
+        .collect()
+}
+
+/// True when an attempt's answer is to be converted to SSE: a 200 carrying Bedrock's
+/// event stream. Any other answer (an error in JSON) goes to the client as written.
+pub fn converts_answer(status: Option<&str>, content_type: Option<&str>) -> bool {
+    status == Some("200")
+        && content_type
+            .is_some_and(|v| v.starts_with(halo_providers::eventstream::EVENTSTREAM_CONTENT_TYPE))
+}
+
+/// One piece of a Bedrock answer converted to the SSE events it completes. `Err` carries
+/// the reason to log once the stream turned unreadable; the events then end with an SSE
+/// `error` event, and the caller drops the converter.
+pub fn convert_piece(
+    conv: &mut halo_providers::eventstream::EventStreamToSse,
+    piece: &[u8],
+) -> Result<Vec<u8>, (Vec<u8>, String)> {
+    conv.feed(piece).map_err(|e| {
+        let why = e.to_string();
+        (sse_error(&why), why)
+    })
+}
+
+/// The events that close a converted stream: nothing, or an SSE `error` event when the
+/// stream ended inside an event.
+pub fn finish_conversion(conv: &halo_providers::eventstream::EventStreamToSse) -> Vec<u8> {
+    conv.finish()
+        .map_or_else(|e| sse_error(&e.to_string()), |()| Vec::new())
+}
+
+/// An Anthropic SSE `error` event.
+pub fn sse_error(message: &str) -> Vec<u8> {
+    let data =
+        serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}});
+    format!("event: error\ndata: {data}\n\n").into_bytes()
+}
+
 /// The 502 an attempt that cannot be served is answered with.
 pub fn skip_reply(skip: &Skip) -> Vec<u8> {
     serde_json::json!({"type": "error", "error": {"type": "bad_upstream", "message": skip.to_string()}})
@@ -343,6 +390,43 @@ pub fn skip_reply(skip: &Skip) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_note_keeps_the_clients_restored_headers_and_kept_credentials_only() {
+        let h = |n: &str, v: &str| (n.to_string(), v.to_string());
+        let headers = vec![
+            h(":path", "/v1/messages"),
+            h("anthropic-version", "2023-06-01"),
+            h("authorization", "Bearer t"),
+            h("x-other", "1"),
+        ];
+        let noted = noted_headers(&headers, &["authorization".to_string()]);
+        assert!(noted.iter().all(|(n, _)| n != "authorization" && n != "x-other"));
+        let kept = noted_headers(&headers, &[]);
+        assert!(kept.contains(&h("authorization", "Bearer t")), "{kept:?}");
+    }
+
+    #[test]
+    fn only_a_200_event_stream_is_converted_and_a_bad_stream_ends_in_an_sse_error() {
+        let es = halo_providers::eventstream::EVENTSTREAM_CONTENT_TYPE;
+        assert!(converts_answer(Some("200"), Some(es)));
+        assert!(!converts_answer(Some("400"), Some(es)));
+        assert!(!converts_answer(Some("200"), Some("application/json")));
+        assert!(!converts_answer(None, None));
+        let mut conv = halo_providers::eventstream::EventStreamToSse::new();
+        // A frame whose declared length is absurdly small is unreadable.
+        let (events, why) = convert_piece(&mut conv, &[0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0])
+            .expect_err("unreadable");
+        assert!(!why.is_empty());
+        let text = String::from_utf8(events).expect("utf8");
+        assert!(text.starts_with("event: error\n"), "{text}");
+        // A stream cut inside a frame closes with an error event; a clean one with nothing.
+        let mut cut = halo_providers::eventstream::EventStreamToSse::new();
+        let _ = convert_piece(&mut cut, &[0, 0]);
+        assert!(!finish_conversion(&cut).is_empty());
+        let clean = halo_providers::eventstream::EventStreamToSse::new();
+        assert!(finish_conversion(&clean).is_empty());
+    }
 
     fn call(wire: WireProtocol, op: Operation, stream: bool) -> ModelCall {
         ModelCall {

@@ -413,7 +413,7 @@ impl Http {
                 // The whole body is here, so its new length is known: keep the upstream
                 // request framed by length (a chunked one costs Envoy and the provider
                 // more). Without a length the client sent it chunked, and so does Envoy.
-                let length = content_length(&self.headers).map(|len| {
+                let length = pipeline::content_length(&self.headers).map(|len| {
                     (len + edit.prefix.len() as u64)
                         .saturating_sub(edit.drop as u64)
                         .to_string()
@@ -428,17 +428,7 @@ impl Http {
             // removed them otherwise): noted so each pass-through attempt gets them back.
             // Read from the headers kept at request-headers time, less what hygiene removed:
             // nothing else changes them in between, and each read from Envoy is a call.
-            note.headers = attempt::RESTORED_HEADERS
-                .iter()
-                .chain(attempt::CLIENT_CREDENTIAL_HEADERS.iter())
-                .filter(|h| !self.removals.iter().any(|r| r == *h))
-                .filter_map(|h| {
-                    self.headers
-                        .iter()
-                        .find(|(n, _)| n == h)
-                        .map(|(n, v)| (n.clone(), v.clone()))
-                })
-                .collect();
+            note.headers = attempt::noted_headers(&self.headers, &self.removals);
             self.set_property(vec![ATTEMPT_PROPERTY], Some(note.encode().as_bytes()));
         }
         for (name, value) in &forward.stamps {
@@ -453,28 +443,15 @@ impl Http {
         if let Some(d) = &forward.decision
             && let Some(state) = self.state.borrow_mut().as_mut()
         {
-            let source = match d.source {
-                halo_policy::decide::RouteSource::Gateway => "gateway",
-                halo_policy::decide::RouteSource::Toggle => "toggle",
-                halo_policy::decide::RouteSource::Experiment => "experiment",
-            };
             state.count(metrics::decisions(
                 &d.ring,
                 forward.variant.as_deref(),
-                source,
+                d.source.as_str(),
             ));
         }
         self.ring = Some(forward.ring);
         self.variant = forward.variant;
     }
-}
-
-/// The announced body size, if any.
-fn content_length(headers: &[(String, String)]) -> Option<u64> {
-    headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
 }
 
 fn unavailable() -> Reply {
@@ -508,20 +485,7 @@ impl HttpContext for Http {
                 .flatten()
                 .and_then(|b| String::from_utf8(b).ok())
                 .and_then(|a| cidr::peer_ip(&a));
-            let header = |name: &str| {
-                headers
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.as_str())
-            };
-            let head = Head {
-                method: header(":method").unwrap_or_default(),
-                path: header(":path").unwrap_or_default(),
-                headers: &headers,
-                peer,
-                claims,
-                content_length: content_length(&headers),
-            };
+            let head = Head::new(&headers, peer, claims);
             self.removals = hygiene::removals(cfg, &headers);
             pipeline::on_head(cfg, &head)
         } else {
@@ -723,11 +687,9 @@ impl HttpContext for Attempt {
         if self.convert.is_none() {
             return Action::Continue;
         }
-        let ok = self.get_http_response_header(":status").as_deref() == Some("200");
-        let eventstream = self
-            .get_http_response_header("content-type")
-            .is_some_and(|v| v.starts_with(halo_providers::eventstream::EVENTSTREAM_CONTENT_TYPE));
-        if !(ok && eventstream) {
+        let status = self.get_http_response_header(":status");
+        let content_type = self.get_http_response_header("content-type");
+        if !attempt::converts_answer(status.as_deref(), content_type.as_deref()) {
             // An error answer (JSON) goes to the client as Bedrock wrote it.
             self.convert = None;
             return Action::Continue;
@@ -747,34 +709,24 @@ impl HttpContext for Attempt {
         let Some(conv) = self.convert.as_mut() else {
             return Action::Continue;
         };
-        let mut out = match conv.feed(&chunk) {
+        let mut out = match attempt::convert_piece(conv, &chunk) {
             Ok(sse) => sse,
-            Err(e) => {
+            Err((sse, why)) => {
                 self.convert = None;
                 log(
                     LogLevel::Warn,
-                    &format!("halo: per-attempt stage: Bedrock event stream unreadable: {e}"),
+                    &format!("halo: per-attempt stage: Bedrock event stream unreadable: {why}"),
                 );
-                sse_error(&e.to_string())
+                sse
             }
         };
-        if end_of_stream
-            && let Some(conv) = self.convert.take()
-            && let Err(e) = conv.finish()
-        {
-            out.extend(sse_error(&e.to_string()));
+        if end_of_stream && let Some(conv) = self.convert.take() {
+            out.extend(attempt::finish_conversion(&conv));
         }
         // Each chunk is replaced by the events it completed: streaming stays incremental.
         self.set_http_response_body(0, body_size, &out);
         Action::Continue
     }
-}
-
-/// An Anthropic SSE `error` event.
-fn sse_error(message: &str) -> Vec<u8> {
-    let data =
-        serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}});
-    format!("event: error\ndata: {data}\n\n").into_bytes()
 }
 
 impl Attempt {

@@ -53,6 +53,29 @@ pub struct Head<'a> {
     pub content_length: Option<u64>,
 }
 
+impl<'a> Head<'a> {
+    /// The head of a request whose headers (names lowercase) are `headers`.
+    pub fn new(
+        headers: &'a [(String, String)],
+        peer: Option<IpAddr>,
+        claims: Option<VerifiedClaims>,
+    ) -> Head<'a> {
+        Head {
+            method: header(headers, ":method").unwrap_or_default(),
+            path: header(headers, ":path").unwrap_or_default(),
+            headers,
+            peer,
+            claims,
+            content_length: content_length(headers),
+        }
+    }
+}
+
+/// The announced body size, if any (headers with names lowercase).
+pub fn content_length(headers: &[(String, String)]) -> Option<u64> {
+    header(headers, "content-length").and_then(|v| v.parse().ok())
+}
+
 /// A local reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {

@@ -92,6 +92,17 @@ pub enum RouteSource {
     Experiment,
 }
 
+impl RouteSource {
+    /// The name metrics and logs use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteSource::Gateway => "gateway",
+            RouteSource::Toggle => "toggle",
+            RouteSource::Experiment => "experiment",
+        }
+    }
+}
+
 /// The per-request decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
