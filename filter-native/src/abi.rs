@@ -68,6 +68,18 @@ pub struct ModuleHeader {
     pub value_length: usize,
 }
 
+impl ModuleHeader {
+    /// Borrow `name: value` for one call (Envoy copies it).
+    pub fn of(name: &str, value: &str) -> ModuleHeader {
+        ModuleHeader {
+            key_ptr: name.as_ptr().cast(),
+            key_length: name.len(),
+            value_ptr: value.as_ptr().cast(),
+            value_length: value.len(),
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EnvoyHeader {

@@ -153,12 +153,7 @@ impl Stream {
     pub fn send_response(self, status: u16, headers: &[(String, String)], body: &[u8]) {
         let headers: Vec<ModuleHeader> = headers
             .iter()
-            .map(|(n, v)| ModuleHeader {
-                key_ptr: n.as_ptr().cast(),
-                key_length: n.len(),
-                value_ptr: v.as_ptr().cast(),
-                value_length: v.len(),
-            })
+            .map(|(n, v)| ModuleHeader::of(n, v))
             .collect();
         // SAFETY: live stream; every buffer outlives the call, which copies them.
         unsafe {

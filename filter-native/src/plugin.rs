@@ -364,12 +364,7 @@ impl RequestPlugin {
         ];
         let headers: Vec<ModuleHeader> = headers
             .iter()
-            .map(|(n, v)| ModuleHeader {
-                key_ptr: n.as_ptr().cast(),
-                key_length: n.len(),
-                value_ptr: v.as_ptr().cast(),
-                value_length: v.len(),
-            })
+            .map(|(n, v)| ModuleHeader::of(n, v))
             .collect();
         let mut id = 0u64;
         // SAFETY: main thread, live config pointer; Envoy copies every buffer.

@@ -401,7 +401,11 @@ mod tests {
             h("x-other", "1"),
         ];
         let noted = noted_headers(&headers, &["authorization".to_string()]);
-        assert!(noted.iter().all(|(n, _)| n != "authorization" && n != "x-other"));
+        assert!(
+            noted
+                .iter()
+                .all(|(n, _)| n != "authorization" && n != "x-other")
+        );
         let kept = noted_headers(&headers, &[]);
         assert!(kept.contains(&h("authorization", "Bearer t")), "{kept:?}");
     }
