@@ -2,11 +2,15 @@
 //!
 //! The dynamic-module ABI reads only top-level scalar metadata, and jwt_authn keeps the
 //! verified payload as a nested struct. So jwt_authn is also told to forward the verified
-//! payload in [`PAYLOAD_HEADER`] (base64url JSON, set only for a token it verified), and
-//! the filter believes that header only when jwt_authn's metadata holds the payload key,
-//! that is, only when jwt_authn verified a token on this request. A client-sent copy is
-//! then either overwritten or a second value, which [`claims`] refuses; the hygiene strips
-//! every `x-halo-*` header before the upstream.
+//! payload in [`PAYLOAD_HEADER`] (`forward_payload_header`: base64url JSON, set only for a
+//! token it verified). jwt_authn removes a client's copy of that header from every request
+//! before it verifies (seen in 1.40: a forged copy never arrives), and the filter believes
+//! the header only when jwt_authn's metadata holds the payload key, that is, only when
+//! jwt_authn verified a token on this request; more than one value is refused. The
+//! hygiene strips every `x-halo-*` header before the upstream.
+//!
+//! So this build needs the jwt_authn the renderers write (with `forward_payload_header`):
+//! a hand-written jwt_authn without it would leave a client's copy in place.
 
 use base64::Engine;
 use halo_filter::pipeline::VerifiedClaims;

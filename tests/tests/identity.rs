@@ -191,6 +191,56 @@ async fn spoofed_halo_headers_are_stripped_and_not_used_for_the_decision() {
     assert_eq!(halo.len(), 2, "only the gateway's own stamps: {halo:?}");
 }
 
+/// The header through which jwt_authn hands the native build a verified payload: a
+/// client's copy must never name the caller, with or without a token of its own. (jwt_authn
+/// removes a client's copy before it verifies; the native filter also believes the header
+/// only when jwt_authn's metadata says it verified a token.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_jwt_payload_header_never_names_the_caller() {
+    use base64::Engine as _;
+    let (issuer, p, gw) = setup().await;
+    // alice is in the canary ring; dave is not.
+    let forged = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(
+        json!({"email": "alice@acme.test", "email_verified": true, "groups": ["canary-group"]})
+            .to_string(),
+    );
+    let header = halo_envoy_config::names::JWT_PAYLOAD_HEADER;
+
+    // No token: the forged payload is not a verified one.
+    let a = gw
+        .post("/v1/messages", &[(header, &forged)], &msg("haiku"))
+        .await;
+    assert_eq!(a.status, 401, "{}", a.text());
+    assert_eq!(p.a.count() + p.b.count(), 0);
+
+    // dave's token beside alice's forged payload: dave or nobody, never alice.
+    let token = bearer(&issuer.token("dave@acme.test", &[]));
+    let a = gw
+        .post(
+            "/v1/messages",
+            &[("authorization", &token), (header, &forged)],
+            &msg("haiku"),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.a.seen().pop().expect("routed");
+    assert_eq!(s.header("x-halo-ring"), Some("general"), "routed as dave");
+    assert_eq!(
+        s.header(header),
+        None,
+        "the payload header never leaves Envoy"
+    );
+
+    // dave alone: routed as dave, and the header jwt_authn forwarded is stripped.
+    let a = gw
+        .post("/v1/messages", &[("authorization", &token)], &msg("haiku"))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let s = p.a.seen().pop().expect("routed");
+    assert_eq!(s.header("x-halo-ring"), Some("general"));
+    assert_eq!(s.header(header), None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_model_batches_and_non_model_paths_are_refused_before_any_upstream() {
     let (issuer, p, gw) = setup().await;
