@@ -10,9 +10,9 @@ use crate::abi::{
     self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterConfigModulePtr, FilterEnvoyPtr,
     FilterModulePtr,
 };
-use crate::host::{Stream, log};
+use crate::host::{self, Stream, log};
 use crate::plugin::{Plugin, TICK_EVENT};
-use crate::request::{self, RequestFilter};
+use crate::request::RequestFilter;
 use crate::stage::Stage;
 
 /// Per-stream object behind a filter module pointer.
@@ -183,7 +183,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
 ) -> u32 {
     // SAFETY: Envoy's contract for this hook.
     let (s, f) = unsafe { (Stream::new(envoy), filter_mut(filter)) };
-    request::headers_status(match f {
+    host::headers_status(match f {
         Filter::Request(r) => r.on_request_headers(s, end_of_stream),
         Filter::Stage(st) => st.on_request_headers(s, end_of_stream),
     })
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
 ) -> u32 {
     // SAFETY: Envoy's contract for this hook.
     let (s, f) = unsafe { (Stream::new(envoy), filter_mut(filter)) };
-    request::body_status(match f {
+    host::body_status(match f {
         Filter::Request(r) => r.on_request_body(s, end_of_stream),
         Filter::Stage(st) => st.on_request_body(s, end_of_stream),
     })

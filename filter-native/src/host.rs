@@ -1,4 +1,5 @@
-//! Safe calls into Envoy for one stream: every `unsafe` FFI call of the module is here.
+//! Safe calls into Envoy for one stream, and the answers its hooks give: every `unsafe`
+//! FFI call of the module is here.
 //!
 //! A [`Stream`] is only built inside a hook Envoy called for that stream, on its worker
 //! thread, so its pointer is live; buffers Envoy hands back are copied before the next
@@ -11,6 +12,32 @@ use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, ModuleBuffer, M
 /// One stream's Envoy side, valid for the duration of the hook that made it.
 #[derive(Clone, Copy)]
 pub struct Stream(FilterEnvoyPtr);
+
+/// What a hook answers Envoy.
+pub enum Next {
+    Continue,
+    /// Hold the headers (a local reply was sent, or the body is awaited).
+    Stop,
+    /// Keep the body piece buffered and wait for more.
+    Buffer,
+}
+
+/// The ABI status of a request-headers answer.
+pub fn headers_status(next: Next) -> u32 {
+    match next {
+        Next::Continue => abi::HEADERS_CONTINUE,
+        Next::Stop | Next::Buffer => abi::HEADERS_STOP_ITERATION,
+    }
+}
+
+/// The ABI status of a request-body answer.
+pub fn body_status(next: Next) -> u32 {
+    match next {
+        Next::Continue => abi::BODY_CONTINUE,
+        // After a local reply Envoy ignores the answer; stop either way.
+        Next::Stop | Next::Buffer => abi::BODY_STOP_AND_BUFFER,
+    }
+}
 
 /// Which body a body call reads or edits.
 #[derive(Clone, Copy)]

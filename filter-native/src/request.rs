@@ -12,8 +12,7 @@ use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
 use halo_policy::decide::UNKNOWN_RING;
 
-use crate::abi;
-use crate::host::{Body, Stream};
+use crate::host::{Body, Next, Stream};
 use crate::jwt::{self, Verified};
 use crate::plugin::RequestPlugin;
 
@@ -32,15 +31,6 @@ pub struct RequestFilter {
     removals: Vec<String>,
     ring: Option<String>,
     variant: Option<String>,
-}
-
-/// What a hook answers Envoy.
-pub enum Next {
-    Continue,
-    /// Hold the headers (a local reply was sent, or the body is awaited).
-    Stop,
-    /// Keep the body piece buffered and wait for more.
-    Buffer,
 }
 
 impl RequestFilter {
@@ -246,23 +236,6 @@ fn first_reservation(announced: Option<u64>, received: usize, max: u64) -> usize
     };
     let bound = received.max(16 * 1024).saturating_mul(8);
     usize::try_from(announced).map_or(0, |a| a.min(bound))
-}
-
-/// The abi status of a request-headers answer.
-pub fn headers_status(next: Next) -> u32 {
-    match next {
-        Next::Continue => abi::HEADERS_CONTINUE,
-        Next::Stop | Next::Buffer => abi::HEADERS_STOP_ITERATION,
-    }
-}
-
-/// The abi status of a request-body answer.
-pub fn body_status(next: Next) -> u32 {
-    match next {
-        Next::Continue => abi::BODY_CONTINUE,
-        // After a local reply Envoy ignores the answer; stop either way.
-        Next::Stop | Next::Buffer => abi::BODY_STOP_AND_BUFFER,
-    }
 }
 
 #[cfg(test)]

@@ -10,9 +10,8 @@ use halo_providers::ResponseConversion;
 use halo_providers::eventstream::EventStreamToSse;
 
 use crate::abi;
-use crate::host::{Body, Stream, log};
+use crate::host::{Body, Next, Stream, log};
 use crate::plugin::AttemptPlugin;
-use crate::request::Next;
 
 /// Translation drop causes already logged (once per cause per process).
 static DROPPED_LOGGED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
