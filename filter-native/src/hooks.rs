@@ -10,7 +10,7 @@ use crate::abi::{
     self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterConfigModulePtr, FilterEnvoyPtr,
     FilterModulePtr,
 };
-use crate::host::{self, Stream, log};
+use crate::host::{self, ConfigHandle, Stream, log};
 use crate::plugin::{Plugin, TICK_EVENT};
 use crate::request::RequestFilter;
 use crate::stage::Stage;
@@ -47,8 +47,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
 ) -> FilterConfigModulePtr {
     // SAFETY: Envoy's buffer, valid during this call.
     let bytes = unsafe { config.as_bytes() };
-    // SAFETY: Envoy's live config pointer, on the main thread.
-    match unsafe { Plugin::new(envoy, bytes) } {
+    // SAFETY: Envoy's live config pointer, in config_new on the main thread; the plugin
+    // uses it from the configuration's main-thread hooks until config_destroy stops it.
+    let handle = unsafe { ConfigHandle::new(envoy) };
+    match Plugin::new(handle, bytes) {
         Ok(Plugin::Request(p)) => Box::into_raw(Box::new(Config::Request(Arc::new(*p)))).cast(),
         Ok(Plugin::Attempt(p)) => Box::into_raw(Box::new(Config::Attempt(Arc::new(p)))).cast(),
         Err(e) => {

@@ -7,7 +7,10 @@
 
 use std::ffi::c_char;
 
-use crate::abi::{self, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr, ModuleBuffer, ModuleHeader};
+use crate::abi::{
+    self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr, ModuleBuffer,
+    ModuleHeader,
+};
 
 /// One stream's Envoy side, valid for the duration of the hook that made it.
 #[derive(Clone, Copy)]
@@ -432,6 +435,116 @@ fn owned(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(s) => s.to_owned(),
         Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
+}
+
+/// A filter configuration's Envoy side. Made in `config_new` and used from the
+/// configuration's hooks, which Envoy runs on the main thread; Envoy keeps it alive until
+/// `config_destroy`, which stops everything that uses it first.
+#[derive(Clone, Copy)]
+pub struct ConfigHandle(FilterConfigEnvoyPtr);
+// SAFETY: only handed back to Envoy, from the main thread's hooks (see the type's doc).
+unsafe impl Send for ConfigHandle {}
+// SAFETY: as above.
+unsafe impl Sync for ConfigHandle {}
+
+impl ConfigHandle {
+    /// # Safety
+    /// `ptr` is the `filter_config_envoy_ptr` of the `config_new` hook being run, and the
+    /// handle is used only on the main thread until `config_destroy`.
+    pub unsafe fn new(ptr: FilterConfigEnvoyPtr) -> ConfigHandle {
+        ConfigHandle(ptr)
+    }
+
+    /// Define a counter with label names; only while Envoy builds the configuration
+    /// (`config_new`), later definitions are refused.
+    pub fn define_counter(self, name: &str, labels: &[&str]) -> Option<usize> {
+        let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l)).collect();
+        let mut id = 0usize;
+        // SAFETY: live configuration (type invariant); buffers outlive the call.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_define_counter(
+                self.0,
+                buf(name),
+                labels.as_ptr(),
+                labels.len(),
+                &mut id,
+            )
+        };
+        (result == abi::METRICS_SUCCESS).then_some(id)
+    }
+
+    /// Add `n` to counter `id` with `labels`, outside any stream.
+    pub fn increment(self, id: usize, labels: &[&str], n: u64) {
+        let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l)).collect();
+        // SAFETY: live configuration, main thread; labels outlive the call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                self.0,
+                id,
+                labels.as_ptr(),
+                labels.len(),
+                n,
+            );
+        }
+    }
+
+    /// A scheduler that wakes this configuration's `config_scheduled` hook on the main
+    /// thread.
+    pub fn scheduler(self) -> Scheduler {
+        // SAFETY: live configuration, main thread.
+        Scheduler(unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0)
+        })
+    }
+
+    /// Start a GET-style call to `cluster` (headers must include `:method`, `:path` and
+    /// `host`); its answer comes to `config_http_callout_done` with the returned id.
+    pub fn call_out(self, cluster: &str, headers: &[(&str, &str)], timeout_ms: u64) -> Option<u64> {
+        let headers: Vec<ModuleHeader> = headers
+            .iter()
+            .map(|(n, v)| ModuleHeader::of(n, v))
+            .collect();
+        let mut id = 0u64;
+        // SAFETY: live configuration, main thread; Envoy copies every buffer.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_http_callout(
+                self.0,
+                &mut id,
+                buf(cluster),
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::NULL,
+                timeout_ms,
+            )
+        };
+        (result == abi::CALLOUT_INIT_SUCCESS).then_some(id)
+    }
+}
+
+/// Envoy's configuration scheduler: [`Scheduler::wake`] may be called from any thread.
+/// Deleted when dropped, so whoever holds it last must be done waking.
+pub struct Scheduler(abi::ConfigSchedulerPtr);
+// SAFETY: Envoy documents the scheduler's commit as callable from any thread; delete
+// happens once, in Drop.
+unsafe impl Send for Scheduler {}
+// SAFETY: as above.
+unsafe impl Sync for Scheduler {}
+
+impl Scheduler {
+    /// Run the configuration's `config_scheduled` hook with `event` on the main thread.
+    pub fn wake(&self, event: u64) {
+        // SAFETY: a live scheduler (deleted only in Drop); thread-safe by Envoy's contract.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, event)
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: made by scheduler_new, deleted once.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
     }
 }
 

@@ -9,8 +9,9 @@
 //! process-wide kill list instead of one per worker VM.
 //!
 //! - [`abi`]: the hand-written subset of Envoy's dynamic-module C ABI.
-//! - [`host`]: safe calls into Envoy for one stream (all the `unsafe` is there).
-//! - [`hooks`]: the exported event hooks, dispatching to the filters.
+//! - [`host`]: safe calls into Envoy, for a stream and for a configuration. With the
+//!   exported `hooks`, the only `unsafe` code.
+//! - `hooks`: the exported event hooks, dispatching to the filters.
 //! - [`request`]: the request filter. [`stage`]: the per-attempt stage.
 //! - [`plugin`]: a filter configuration, its counters and the kill-list poller.
 //! - [`jwt`]: the verified claims as jwt_authn forwards them.

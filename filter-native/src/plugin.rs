@@ -17,8 +17,8 @@ use halo_filter::config::{Config, KillSwitchSettings, Plugin as Decoded};
 use halo_filter::killstate::{FetchOutcome, KillState};
 use halo_policy::Snapshot;
 
-use crate::abi::{self, FilterConfigEnvoyPtr, ModuleBuffer, ModuleHeader};
-use crate::host::log;
+use crate::abi;
+use crate::host::{ConfigHandle, Scheduler, log};
 
 /// A filter configuration.
 pub enum Plugin {
@@ -75,7 +75,7 @@ pub struct RequestPlugin {
     /// Stopped when Envoy destroys the configuration, even while streams still hold it.
     ticker: Mutex<Option<Ticker>>,
     poll: Mutex<PollState>,
-    envoy: ConfigPtr,
+    envoy: ConfigHandle,
 }
 
 /// The kill-list poll's schedule and the callout in flight.
@@ -89,15 +89,6 @@ pub struct AttemptPlugin {
     pub rewrites: Option<usize>,
 }
 
-/// Envoy's side of a configuration. Envoy calls the configuration's hooks on the main
-/// thread only; the pointer itself is only passed back to Envoy.
-#[derive(Clone, Copy)]
-struct ConfigPtr(FilterConfigEnvoyPtr);
-// SAFETY: only handed back to Envoy, from the main thread's hooks.
-unsafe impl Send for ConfigPtr {}
-// SAFETY: as above.
-unsafe impl Sync for ConfigPtr {}
-
 /// The event the ticker thread schedules on the main thread.
 pub const TICK_EVENT: u64 = 1;
 
@@ -106,28 +97,19 @@ const TICK: Duration = Duration::from_secs(1);
 
 /// Wakes the main thread every [`TICK`]: a thread that sleeps, and Envoy's configuration
 /// scheduler (its commit is the one call allowed from any thread).
+/// The scheduler is shared with the thread and deleted with its last holder, which is
+/// the ticker once the thread has ended.
 struct Ticker {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
-    scheduler: SchedulerPtr,
+    _scheduler: Arc<Scheduler>,
 }
-
-#[derive(Clone, Copy)]
-struct SchedulerPtr(abi::ConfigSchedulerPtr);
-// SAFETY: Envoy documents scheduler commit as callable from any thread.
-unsafe impl Send for SchedulerPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SchedulerPtr {}
 
 impl Drop for Ticker {
     fn drop(&mut self) {
         drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
-        }
-        // SAFETY: the thread that committed to it has ended; deleted once.
-        unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.scheduler.0)
         }
     }
 }
@@ -138,53 +120,27 @@ fn now_secs() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-fn define(envoy: FilterConfigEnvoyPtr, name: &str, labels: &[&str]) -> Option<usize> {
-    let labels: Vec<ModuleBuffer> = labels
-        .iter()
-        .map(|l| ModuleBuffer::of(l.as_bytes()))
-        .collect();
-    let mut id = 0usize;
-    // SAFETY: called from config_new with its live config pointer; buffers outlive it.
-    let result = unsafe {
-        abi::envoy_dynamic_module_callback_http_filter_config_define_counter(
-            envoy,
-            ModuleBuffer::of(name.as_bytes()),
-            labels.as_ptr(),
-            labels.len(),
-            &mut id,
-        )
-    };
-    (result == abi::METRICS_SUCCESS).then_some(id)
-}
-
 impl Plugin {
     /// Decode a configuration; `Err` is the reason to refuse it (logged by the caller).
     ///
-    /// # Safety
-    /// `envoy` is the live config pointer of the `config_new` hook being run.
-    pub unsafe fn new(envoy: FilterConfigEnvoyPtr, bytes: &[u8]) -> Result<Plugin, String> {
+    /// Called from `config_new` with its configuration handle.
+    pub fn new(envoy: ConfigHandle, bytes: &[u8]) -> Result<Plugin, String> {
         let env = |name: &str| std::env::var(name).ok();
         let cfg = match Decoded::from_bytes_with_env(bytes, &env).map_err(|e| e.to_string())? {
             Decoded::Attempt => {
                 return Ok(Plugin::Attempt(AttemptPlugin {
-                    rewrites: define(envoy, "attempt_rewrites", &[]),
+                    rewrites: envoy.define_counter("attempt_rewrites", &[]),
                 }));
             }
             Decoded::Request(cfg) => *cfg,
         };
         let counters = Counters {
-            requests: define(
-                envoy,
-                "requests",
-                &["halo_ring", "halo_variant", "halo_status"],
-            ),
-            auth_failures: define(envoy, "auth_failures", &[]),
-            decisions: define(
-                envoy,
-                "decisions",
-                &["halo_ring", "halo_variant", "halo_source"],
-            ),
-            killswitch_fetch: define(envoy, "killswitch_fetch", &["halo_outcome"]),
+            requests: envoy
+                .define_counter("requests", &["halo_ring", "halo_variant", "halo_status"]),
+            auth_failures: envoy.define_counter("auth_failures", &[]),
+            decisions: envoy
+                .define_counter("decisions", &["halo_ring", "halo_variant", "halo_source"]),
+            killswitch_fetch: envoy.define_counter("killswitch_fetch", &["halo_outcome"]),
         };
         if let Some(ks) = &cfg.kill_switch
             && let Err(e) = &ks.key
@@ -213,7 +169,7 @@ impl Plugin {
                 next: Instant::now(),
                 inflight: None,
             }),
-            envoy: ConfigPtr(envoy),
+            envoy,
             counters,
             cfg,
         };
@@ -241,25 +197,15 @@ impl Plugin {
 }
 
 impl Ticker {
-    fn start(envoy: FilterConfigEnvoyPtr) -> Ticker {
-        // SAFETY: config_new's live config pointer.
-        let scheduler = SchedulerPtr(unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_new(envoy)
-        });
+    fn start(envoy: ConfigHandle) -> Ticker {
+        let scheduler = Arc::new(envoy.scheduler());
         let (stop, stopped) = mpsc::channel::<()>();
+        let waker = scheduler.clone();
         let thread = std::thread::Builder::new()
             .name("halo-ticker".into())
             .spawn(move || {
-                let scheduler = scheduler;
                 loop {
-                    // SAFETY: thread-safe by Envoy's contract; the scheduler is deleted
-                    // only after this thread ends.
-                    unsafe {
-                        abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
-                            scheduler.0,
-                            TICK_EVENT,
-                        );
-                    }
+                    waker.wake(TICK_EVENT);
                     match stopped.recv_timeout(TICK) {
                         Err(mpsc::RecvTimeoutError::Timeout) => continue,
                         _ => break,
@@ -270,7 +216,7 @@ impl Ticker {
         Ticker {
             stop: Some(stop),
             thread,
-            scheduler,
+            _scheduler: scheduler,
         }
     }
 }
@@ -303,18 +249,7 @@ impl RequestPlugin {
 
     fn count_fetch(&self, outcome: FetchOutcome) {
         if let Some(id) = self.counters.killswitch_fetch {
-            let label = ModuleBuffer::of(outcome.as_str().as_bytes());
-            // SAFETY: the config pointer is live for the configuration's lifetime; called
-            // on the main thread (config_new, scheduled and callout hooks).
-            unsafe {
-                abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
-                    self.envoy.0,
-                    id,
-                    &label,
-                    1,
-                    1,
-                );
-            }
+            self.envoy.increment(id, &[outcome.as_str()], 1);
         }
     }
 
@@ -322,20 +257,8 @@ impl RequestPlugin {
     /// and no poll is in flight.
     pub fn on_tick(&self) {
         for ((id, labels), n) in self.tally.take() {
-            let labels: Vec<ModuleBuffer> = labels
-                .iter()
-                .map(|l| ModuleBuffer::of(l.as_bytes()))
-                .collect();
-            // SAFETY: main thread, live config pointer; labels outlive the call.
-            unsafe {
-                abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
-                    self.envoy.0,
-                    id,
-                    labels.as_ptr(),
-                    labels.len(),
-                    n,
-                );
-            }
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            self.envoy.increment(id, &labels, n);
         }
         let Some(ks) = self.cfg.kill_switch.as_ref().filter(|k| k.key.is_ok()) else {
             return;
@@ -362,24 +285,7 @@ impl RequestPlugin {
             ("authorization", auth.as_str()),
             ("accept", "application/json"),
         ];
-        let headers: Vec<ModuleHeader> = headers
-            .iter()
-            .map(|(n, v)| ModuleHeader::of(n, v))
-            .collect();
-        let mut id = 0u64;
-        // SAFETY: main thread, live config pointer; Envoy copies every buffer.
-        let result = unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_config_http_callout(
-                self.envoy.0,
-                &mut id,
-                ModuleBuffer::of(ks.cluster.as_bytes()),
-                headers.as_ptr(),
-                headers.len(),
-                ModuleBuffer::NULL,
-                5_000,
-            )
-        };
-        (result == abi::CALLOUT_INIT_SUCCESS).then_some(id)
+        self.envoy.call_out(&ks.cluster, &headers, 5_000)
     }
 
     /// A poll's answer (main thread): verify, apply, count. `status` is `None` when the
