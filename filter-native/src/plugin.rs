@@ -142,27 +142,13 @@ impl Plugin {
                 .define_counter("decisions", &["halo_ring", "halo_variant", "halo_source"]),
             killswitch_fetch: envoy.define_counter("killswitch_fetch", &["halo_outcome"]),
         };
-        if let Some(ks) = &cfg.kill_switch
-            && let Err(e) = &ks.key
-        {
-            log(
-                abi::LOG_ERROR,
-                &format!(
-                    "halo: the kill-switch public key is unusable ({e}); traffic flows unkilled and is stamped x-halo-killswitch: misconfigured"
-                ),
-            );
+        for warning in cfg.start_warnings() {
+            log(abi::LOG_ERROR, &warning);
         }
-        if cfg.identity.mode.is_none() {
-            log(
-                abi::LOG_ERROR,
-                "halo: no identity configuration (no issuer, no trusted proxies, no mode): every request is answered 503",
-            );
-        }
-        let mut kill = KillState::new();
-        let effective = Arc::new(kill.effective(&cfg.snapshot));
-        let mut plugin = RequestPlugin {
-            effective: RwLock::new(effective),
-            kill: Mutex::new(KillState::new()),
+        let (kill, pushed) = KillState::at_start(&cfg, now_secs());
+        let plugin = RequestPlugin {
+            effective: RwLock::new(Arc::new(kill.effective(&cfg.snapshot))),
+            kill: Mutex::new(kill),
             tally: Tally::default(),
             ticker: Mutex::new(None),
             poll: Mutex::new(PollState {
@@ -173,13 +159,7 @@ impl Plugin {
             counters,
             cfg,
         };
-        // A kill list pushed with the configuration is verified and applied exactly as a
-        // polled one; the poll keeps running as the fallback.
-        if let (Some(envelope), Some(Ok(key))) = (
-            plugin.cfg.kill_list.clone(),
-            plugin.cfg.kill_switch.as_ref().map(|k| k.key.clone()),
-        ) {
-            let outcome = kill.on_fetch(Some(200), &envelope, &key, now_secs());
+        if let Some(outcome) = pushed {
             if outcome != FetchOutcome::Accepted {
                 log(
                     abi::LOG_ERROR,
@@ -187,11 +167,8 @@ impl Plugin {
                 );
             }
             plugin.count_fetch(outcome);
-            *plugin.effective.write().unwrap_or_else(|e| e.into_inner()) =
-                Arc::new(kill.effective(&plugin.cfg.snapshot));
-            plugin.kill = Mutex::new(kill);
         }
-        plugin.ticker = Mutex::new(Some(Ticker::start(envoy)));
+        *plugin.ticker.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ticker::start(envoy));
         Ok(Plugin::Request(Box::new(plugin)))
     }
 }

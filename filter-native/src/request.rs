@@ -161,12 +161,8 @@ impl RequestFilter {
     }
 
     fn apply(&mut self, s: Stream, mut forward: Forward, body: &[u8], in_body: bool) {
-        for name in &self.removals {
-            let stamped = forward.stamps.iter().any(|(stamp, _)| stamp == name);
-            let sent = self.headers.iter().filter(|(n, _)| n == name).count();
-            if !(stamped && sent <= 1) {
-                s.set_request_header(name, None);
-            }
+        for name in hygiene::to_remove(&self.removals, &self.headers, &forward.stamps) {
+            s.set_request_header(name, None);
         }
         if let Some(path) = &forward.path {
             s.set_request_header(":path", Some(path));

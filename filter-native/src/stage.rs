@@ -2,7 +2,7 @@
 //! endpoint): the request filter's note and the endpoint's facts into halo-filter's
 //! `attempt` plan, its edits back. The same steps as the wasm build's stage.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use halo_filter::attempt::{self, ATTEMPT_PROPERTY, Note, Work};
 use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
@@ -12,9 +12,6 @@ use halo_providers::eventstream::EventStreamToSse;
 use crate::abi;
 use crate::host::{Body, Next, Stream, log};
 use crate::plugin::AttemptPlugin;
-
-/// Translation drop causes already logged (once per cause per process).
-static DROPPED_LOGGED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
 /// One attempt's state.
 pub struct Stage {
@@ -177,15 +174,7 @@ impl Stage {
         }
         for cause in &out.dropped {
             let cause = cause.as_str();
-            let first = {
-                let mut logged = DROPPED_LOGGED.lock().unwrap_or_else(|e| e.into_inner());
-                let first = !logged.contains(&cause);
-                if first {
-                    logged.push(cause);
-                }
-                first
-            };
-            if first {
+            if attempt::first_report_of(cause) {
                 log(
                     abi::LOG_INFO,
                     &format!("halo: per-attempt stage: translation drops {cause} (logged once)"),

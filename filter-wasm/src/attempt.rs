@@ -380,6 +380,18 @@ pub fn sse_error(message: &str) -> Vec<u8> {
     format!("event: error\ndata: {data}\n\n").into_bytes()
 }
 
+/// True the first time a translation drop `cause` is reported in this process (or VM),
+/// so each cause is logged once.
+pub fn first_report_of(cause: &'static str) -> bool {
+    static REPORTED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut reported = REPORTED.lock().unwrap_or_else(|e| e.into_inner());
+    if reported.contains(&cause) {
+        return false;
+    }
+    reported.push(cause);
+    true
+}
+
 /// The 502 an attempt that cannot be served is answered with.
 pub fn skip_reply(skip: &Skip) -> Vec<u8> {
     serde_json::json!({"type": "error", "error": {"type": "bad_upstream", "message": skip.to_string()}})

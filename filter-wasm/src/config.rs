@@ -229,6 +229,24 @@ pub fn env_entry(block: &[u8], name: &str) -> Option<String> {
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 impl Config {
+    /// What a filter logs at error level when it starts with this configuration: settings
+    /// it accepts but that change how traffic is treated.
+    pub fn start_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(Err(e)) = self.kill_switch.as_ref().map(|k| &k.key) {
+            out.push(format!(
+                "halo: the kill-switch public key is unusable ({e}); traffic flows unkilled and is stamped x-halo-killswitch: misconfigured"
+            ));
+        }
+        if self.identity.mode.is_none() {
+            out.push(
+                "halo: no identity configuration (no issuer, no trusted proxies, no mode): every request is answered 503"
+                    .to_string(),
+            );
+        }
+        out
+    }
+
     /// Decode the plugin configuration bytes strictly and check every setting, with no
     /// VM environment.
     pub fn from_bytes(bytes: &[u8]) -> Result<Config, ConfigError> {

@@ -197,40 +197,13 @@ impl RootContext for Root {
                 return false;
             }
         };
-        if let Some(ks) = &cfg.kill_switch {
-            match &ks.key {
-                Ok(_) => self.set_tick_period(Duration::from_secs(1)),
-                Err(e) => log(
-                    LogLevel::Error,
-                    &format!(
-                        "halo: the kill-switch public key is unusable ({e}); traffic flows unkilled and is stamped x-halo-killswitch: misconfigured"
-                    ),
-                ),
-            }
+        if cfg.kill_switch.as_ref().is_some_and(|k| k.key.is_ok()) {
+            self.set_tick_period(Duration::from_secs(1));
         }
-        if cfg.identity.mode.is_none() {
-            log(
-                LogLevel::Error,
-                "halo: no identity configuration (no issuer, no trusted proxies, no mode): every request is answered 503",
-            );
+        for warning in cfg.start_warnings() {
+            log(LogLevel::Error, &warning);
         }
-        let mut kill = KillState::new();
-        let mut pushed = None;
-        // A kill list pushed with the configuration is verified and applied exactly as a
-        // polled one (signature, freshness); the poll keeps running as the fallback.
-        if let (Some(envelope), Some(Ok(key))) = (
-            &cfg.kill_list,
-            cfg.kill_switch.as_ref().map(|k| k.key.clone()),
-        ) {
-            let outcome = kill.on_fetch(Some(200), envelope, &key, now_ms() / 1000);
-            if outcome != FetchOutcome::Accepted {
-                log(
-                    LogLevel::Error,
-                    &format!("halo: pushed kill list refused: {}", outcome.as_str()),
-                );
-            }
-            pushed = Some((outcome, key));
-        }
+        let (kill, pushed) = KillState::at_start(&cfg, now_ms() / 1000);
         let effective = Rc::new(kill.effective(&cfg.snapshot));
         let mut state = State {
             cfg,
@@ -238,9 +211,17 @@ impl RootContext for Root {
             effective,
             metric_ids: HashMap::new(),
         };
-        if let Some((outcome, key)) = pushed {
+        if let Some(outcome) = pushed {
+            if outcome != FetchOutcome::Accepted {
+                log(
+                    LogLevel::Error,
+                    &format!("halo: pushed kill list refused: {}", outcome.as_str()),
+                );
+            }
             state.count(metrics::killswitch_fetch(outcome.as_str()));
-            publish(&state, &key);
+            if let Some(Ok(key)) = state.cfg.kill_switch.as_ref().map(|k| k.key.clone()) {
+                publish(&state, &key);
+            }
         }
         *self.state.borrow_mut() = Some(state);
         true
@@ -395,13 +376,8 @@ impl Http {
     }
 
     fn apply(&mut self, mut forward: Forward, misconfigured: bool) {
-        for name in &self.removals {
-            // A stamp replaces a single client value anyway: one call instead of two.
-            let stamped = forward.stamps.iter().any(|(stamp, _)| stamp == name);
-            let sent = self.headers.iter().filter(|(n, _)| n == name).count();
-            if !(stamped && sent <= 1) {
-                self.set_http_request_header(name, None);
-            }
+        for name in hygiene::to_remove(&self.removals, &self.headers, &forward.stamps) {
+            self.set_http_request_header(name, None);
         }
         if let Some(path) = &forward.path {
             self.set_http_request_header(":path", Some(path));
@@ -577,11 +553,6 @@ struct Attempt {
     work: Work,
     /// The Bedrock event stream to SSE conversion of this attempt's answer.
     convert: Option<EventStreamToSse>,
-}
-
-thread_local! {
-    /// Translation drop causes already logged by this VM (logged once per cause).
-    static DROPPED_LOGGED: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Context for Attempt {}
@@ -799,15 +770,7 @@ impl Attempt {
         self.set_http_request_body(0, body_size, &out.body);
         for cause in &out.dropped {
             let cause = cause.as_str();
-            let first = DROPPED_LOGGED.with(|l| {
-                let mut l = l.borrow_mut();
-                let first = !l.contains(&cause);
-                if first {
-                    l.push(cause);
-                }
-                first
-            });
-            if first {
+            if attempt::first_report_of(cause) {
                 log(
                     LogLevel::Info,
                     &format!("halo: per-attempt stage: translation drops {cause} (logged once)"),

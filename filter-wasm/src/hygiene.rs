@@ -55,6 +55,24 @@ pub fn removals(cfg: &Config, headers: &[(String, String)]) -> Vec<String> {
     out
 }
 
+/// Of [`removals`], the headers the filter must actually remove once it knows its
+/// `stamps`: a stamp replaces a single client value anyway, so that one costs no call.
+/// `sent` is the request's headers as read.
+pub fn to_remove<'a>(
+    removals: &'a [String],
+    sent: &'a [(String, String)],
+    stamps: &'a [(String, String)],
+) -> impl Iterator<Item = &'a str> + 'a {
+    removals
+        .iter()
+        .filter(move |name| {
+            let stamped = stamps.iter().any(|(stamp, _)| stamp == *name);
+            let copies = sent.iter().filter(|(n, _)| n == *name).count();
+            !(stamped && copies <= 1)
+        })
+        .map(String::as_str)
+}
+
 /// Remove the `key` query parameter (Gemini's API key, here the developer's token) from a
 /// path; other parameters keep their order and spelling.
 pub fn strip_key_param(path: &str) -> String {

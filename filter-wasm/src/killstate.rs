@@ -62,6 +62,24 @@ impl KillState {
         KillState { held: None }
     }
 
+    /// The state a filter starts with: the kill list pushed with its configuration,
+    /// verified and applied exactly as a polled one (signature, freshness), when there is
+    /// one and the key is usable; the poll keeps running as the fallback. The outcome is
+    /// `None` when nothing was pushed.
+    pub fn at_start(
+        cfg: &crate::config::Config,
+        now_unix: i64,
+    ) -> (KillState, Option<FetchOutcome>) {
+        let mut kill = KillState::new();
+        let pushed = cfg
+            .kill_list
+            .as_ref()
+            .zip(cfg.kill_switch.as_ref().and_then(|k| k.key.as_ref().ok()));
+        let outcome =
+            pushed.map(|(envelope, key)| kill.on_fetch(Some(200), envelope, key, now_unix));
+        (kill, outcome)
+    }
+
     pub fn held(&self) -> Option<&KillList> {
         self.held.as_ref()
     }

@@ -426,3 +426,56 @@ fn a_pushed_kill_list_needs_the_kill_switch_key_and_is_kept_as_bytes() {
     let c = Config::from_bytes(doc.to_string().as_bytes()).expect("accepted");
     assert_eq!(c.kill_list.as_deref(), Some(&br#"{"x":1}"#[..]));
 }
+
+#[test]
+fn start_warnings_name_an_unusable_kill_key_and_a_missing_identity() {
+    let fine = config(json!({})).expect("config");
+    assert!(fine.start_warnings().is_empty());
+    let junk_key = config(
+        json!({"killSwitch": {"cluster": "k", "url": "http://127.0.0.1:9/k",
+        "token": "t", "pubkey": "junk"}}),
+    )
+    .expect("an unusable key is accepted");
+    let w = junk_key.start_warnings();
+    assert_eq!(w.len(), 1);
+    assert!(w[0].contains("x-halo-killswitch: misconfigured"), "{w:?}");
+    let doc = json!({"snapshot": snapshot(None), "settings": {}});
+    let no_identity = Config::from_bytes(doc.to_string().as_bytes()).expect("config");
+    assert!(
+        no_identity
+            .start_warnings()
+            .iter()
+            .any(|w| w.contains("every request is answered 503"))
+    );
+}
+
+#[test]
+fn a_stamped_header_sent_once_is_not_removed_first_but_a_repeated_one_is() {
+    let h = |n: &str, v: &str| (n.to_string(), v.to_string());
+    let removals = vec!["x-halo-ring".to_string(), "x-halo-user".to_string()];
+    let stamps = vec![h("x-halo-ring", "general")];
+    let once = vec![h("x-halo-ring", "canary"), h("x-halo-user", "a")];
+    assert_eq!(
+        crate::hygiene::to_remove(&removals, &once, &stamps).collect::<Vec<_>>(),
+        ["x-halo-user"]
+    );
+    let twice = vec![h("x-halo-ring", "a"), h("x-halo-ring", "b")];
+    assert_eq!(
+        crate::hygiene::to_remove(&removals, &twice, &stamps).collect::<Vec<_>>(),
+        ["x-halo-ring", "x-halo-user"]
+    );
+}
+
+#[test]
+fn a_translation_drop_cause_is_reported_once() {
+    assert!(crate::attempt::first_report_of("test-only cause"));
+    assert!(!crate::attempt::first_report_of("test-only cause"));
+}
+
+#[test]
+fn nothing_pushed_starts_with_no_list_and_no_outcome() {
+    let c = config(json!({})).expect("config");
+    let (kill, outcome) = crate::killstate::KillState::at_start(&c, 0);
+    assert!(kill.held().is_none());
+    assert_eq!(outcome, None);
+}
