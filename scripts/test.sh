@@ -11,5 +11,8 @@ cargo build --locked -p halo-filter --target wasm32-unknown-unknown --release
 # The native build (an Envoy dynamic module), loaded from target/release.
 cargo build --locked -p halo-filter-native --release
 cargo test --locked --workspace --all-features
-# The live suites once more with the native build in Envoy (halo_testkit::filter_module).
+# The live suites once more with the native build in Envoy (halo_testkit::filter_module):
+# the filter's own, halo-server's pushes over xDS, and the CLI's routes against Envoy.
 HALO_FILTER=native cargo test --locked -p halo-e2e
+HALO_FILTER=native cargo test --locked -p halo-server --test xds
+HALO_FILTER=native cargo test --locked -p halo-cli --test routes_live

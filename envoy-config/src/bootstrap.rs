@@ -456,8 +456,13 @@ pub fn filter_configuration(snap: &Snapshot, settings: &Value) -> Value {
 /// is the filter as Envoy will see it: `halo_filter.wasm` (proxy-wasm, in V8) or the
 /// native build `libhalo_filter_native.so` (a dynamic module), told apart by the `.so`.
 pub fn halo_filter(module_path: &str, snap: &Snapshot, settings: &Value) -> Value {
-    let configuration = filter_configuration(snap, settings).to_string();
-    filter_instance("halo", module_path, &configuration)
+    halo_filter_with(module_path, &filter_configuration(snap, settings))
+}
+
+/// [`halo_filter`] with a configuration document already built (the xDS server adds the
+/// pushed `killList` to it), for either build.
+pub fn halo_filter_with(module_path: &str, configuration: &Value) -> Value {
+    filter_instance("halo", module_path, &configuration.to_string())
 }
 
 /// The filter's per-attempt stage (`{"stage": "attempt"}`): the same module, run as an

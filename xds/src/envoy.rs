@@ -590,12 +590,12 @@ pub fn secret_resource(secret: &serde_json::Value) -> Resource {
     Resource::new(&name, &s)
 }
 
-/// The halo filter's ECDS resource: `wasm_filter` is halo-envoy-config's HTTP filter JSON
-/// (`{name, typed_config}`); its typed_config goes out as a TypedStruct.
-pub fn filter_config(name: &str, wasm_filter: &serde_json::Value) -> Resource {
+/// The halo filter's ECDS resource: `filter` is halo-envoy-config's HTTP filter JSON
+/// (`{name, typed_config}`, either build); its typed_config goes out as a TypedStruct.
+pub fn filter_config(name: &str, filter: &serde_json::Value) -> Resource {
     let config = TypedExtensionConfig {
         name: name.to_string(),
-        typed_config: Some(typed_struct(&wasm_filter["typed_config"])),
+        typed_config: Some(typed_struct(&filter["typed_config"])),
     };
     Resource::new(name, &config)
 }

@@ -69,19 +69,15 @@ pub fn snapshot_with_kill_list(
         entry["cluster"] = serde_json::json!(ks.cluster);
         entry["url"] = serde_json::json!(ks.uri);
     }
-    let mut wasm =
-        halo_envoy_config::bootstrap::halo_filter(&settings.wasm_path, compiled, &filter_settings);
+    let mut configuration =
+        halo_envoy_config::bootstrap::filter_configuration(compiled, &filter_settings);
     if let Some(envelope) = kill_list {
-        let slot = &mut wasm["typed_config"]["config"]["configuration"]["value"];
-        if let Some(text) = slot.as_str()
-            && let Ok(mut cfg) = serde_json::from_str::<serde_json::Value>(text)
-        {
-            cfg["killList"] = serde_json::Value::String(envelope.to_string());
-            *slot = serde_json::Value::String(cfg.to_string());
-        }
+        configuration["killList"] = serde_json::Value::String(envelope.to_string());
     }
+    let filter =
+        halo_envoy_config::bootstrap::halo_filter_with(&settings.wasm_path, &configuration);
     if let Some(name) = &plan.listener.filter_config_name {
-        resources.push(envoy::filter_config(name, &wasm));
+        resources.push(envoy::filter_config(name, &filter));
     }
     let settings_json = serde_json::to_vec(settings).unwrap_or_default();
     let version = format!(
