@@ -7,7 +7,7 @@ use halo_filter::attempt::{self, ATTEMPT_PROPERTY};
 use halo_filter::cidr;
 use halo_filter::config::IdentityMode;
 use halo_filter::hygiene;
-use halo_filter::pipeline::{self, Forward, Head, Pending, Reply};
+use halo_filter::pipeline::{self, Forward, Head, Pending, PrefixEdit, Reply};
 use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
 use halo_policy::decide::UNKNOWN_RING;
@@ -28,6 +28,10 @@ pub struct RequestFilter {
     /// while the upload does.
     body: Vec<u8>,
     scan: Option<Incremental>,
+    /// The model edit already written into Envoy's buffer while the body was arriving
+    /// ([`RequestFilter::edit_early`]), and whether that was tried.
+    early_edit: Option<PrefixEdit>,
+    early_tried: bool,
     removals: Vec<String>,
     ring: Option<String>,
     variant: Option<String>,
@@ -41,6 +45,8 @@ impl RequestFilter {
             headers: Vec::new(),
             body: Vec::new(),
             scan: None,
+            early_edit: None,
+            early_tried: false,
             removals: Vec::new(),
             ring: None,
             variant: None,
@@ -138,9 +144,52 @@ impl RequestFilter {
                 // Invalid already, whatever follows: refused now with the scan's reason.
                 return self.finish(s, true);
             }
+            self.edit_early(s);
             return Next::Buffer;
         }
         self.finish(s, true)
+    }
+
+    /// Once the model's value has arrived, write the model edit into Envoy's buffer now,
+    /// while it holds only the body so far.
+    ///
+    /// Why: this ABI can drain a body's front and append at its end but not prepend, so an
+    /// edit of the head made at the end copies the whole body back into Envoy (a megabyte
+    /// for a long conversation). Made when the model arrives (in the first piece when it
+    /// is the first field, as coding tools send it), it copies only what has arrived, and
+    /// the pieces after it are buffered by Envoy untouched. The target comes from the same
+    /// pipeline step the end runs; the end checks it got the same edit
+    /// ([`end_write`]) and rewrites the body in full if not (a kill or a policy change in
+    /// between, or a refusal). A step that refuses here refuses nothing: the end decides,
+    /// in its own order (an invalid body is a 400 before an unknown model is).
+    fn edit_early(&mut self, s: Stream) {
+        if self.early_tried {
+            return;
+        }
+        let (Some(pending), Some(scan)) = (&self.pending, &self.scan) else {
+            return;
+        };
+        let found = scan.found();
+        if found.model.is_none() {
+            return;
+        }
+        self.early_tried = true;
+        let snap = self.plugin.effective();
+        let Ok(forward) = pipeline::on_body(
+            &self.plugin.cfg,
+            &snap,
+            pending,
+            &self.body,
+            Some(Ok(found)),
+        ) else {
+            return;
+        };
+        if let Some(edit) = forward.body
+            && edit.prefix != self.body[..edit.drop.min(self.body.len())]
+        {
+            write_body(s, &edit, &self.body);
+            self.early_edit = Some(edit);
+        }
     }
 
     /// The body-time step, and writing its result into the request.
@@ -167,17 +216,20 @@ impl RequestFilter {
         if let Some(path) = &forward.path {
             s.set_request_header(":path", Some(path));
         }
-        if let Some(edit) = &forward.body
-            && in_body
-        {
-            // No prepend in this ABI: the rewritten body (the edited head, then the rest
-            // as received) replaces both parts, what was buffered and this call's piece,
-            // and goes on as this call's piece.
-            let rest = body.get(edit.drop..).unwrap_or_default();
-            s.drain_request_body(Body::Buffered);
-            s.replace_request_body(Body::Received, &[&edit.prefix, rest]);
-            if edit.prefix.len() != edit.drop {
-                let new_length = edit.prefix.len() + rest.len();
+        if in_body {
+            let unchanged = PrefixEdit {
+                drop: 0,
+                prefix: Vec::new(),
+            };
+            match end_write(self.early_edit.as_ref(), forward.body.as_ref()) {
+                EndWrite::Nothing => {}
+                EndWrite::Edit(edit) => write_body(s, edit, body),
+                EndWrite::Original => write_body(s, &unchanged, body),
+            }
+            if let Some(edit) = &forward.body
+                && edit.prefix.len() != edit.drop
+            {
+                let new_length = edit.prefix.len() + body.len() - edit.drop.min(body.len());
                 let length =
                     pipeline::content_length(&self.headers).map(|_| new_length.to_string());
                 s.set_request_header("content-length", length.as_deref());
@@ -221,6 +273,36 @@ impl RequestFilter {
     }
 }
 
+/// What the end of the body writes into Envoy's buffer, given the edit written while the
+/// body arrived (`early`) and the one the end wants (`wanted`).
+#[derive(Debug, PartialEq, Eq)]
+enum EndWrite<'a> {
+    /// Envoy's buffer already holds what should go upstream.
+    Nothing,
+    /// Replace everything with this edit of the body as received.
+    Edit(&'a PrefixEdit),
+    /// Replace everything with the body as received (an early edit is to be undone).
+    Original,
+}
+
+fn end_write<'a>(early: Option<&PrefixEdit>, wanted: Option<&'a PrefixEdit>) -> EndWrite<'a> {
+    match (early, wanted) {
+        (None, None) => EndWrite::Nothing,
+        (Some(early), Some(wanted)) if early == wanted => EndWrite::Nothing,
+        (_, Some(wanted)) => EndWrite::Edit(wanted),
+        (Some(_), None) => EndWrite::Original,
+    }
+}
+
+/// Replace the request body Envoy holds (what it buffered and this call's piece) with
+/// `edit` applied to `body`, the body as received so far; it goes on as this call's
+/// piece. No prepend in this ABI: the edited head and then the rest are appended.
+fn write_body(s: Stream, edit: &PrefixEdit, body: &[u8]) {
+    let rest = body.get(edit.drop..).unwrap_or_default();
+    s.drain_request_body(Body::Buffered);
+    s.replace_request_body(Body::Received, &[&edit.prefix, rest]);
+}
+
 /// How much room to make for the body when its first piece arrives: the announced
 /// length, but at most eight times what arrived (and 128 KiB for a small first piece).
 /// Growing from nothing re-copies the body at each doubling; reserving the announced
@@ -236,7 +318,25 @@ fn first_reservation(announced: Option<u64>, received: usize, max: u64) -> usize
 
 #[cfg(test)]
 mod tests {
-    use super::first_reservation;
+    use super::{EndWrite, PrefixEdit, end_write, first_reservation};
+
+    #[test]
+    fn the_end_rewrites_only_when_the_early_edit_is_not_the_one_wanted() {
+        let edit = |model: &str| PrefixEdit {
+            drop: 16,
+            prefix: format!(r#"{{"model":"{model}""#).into_bytes(),
+        };
+        let (a, b) = (edit("claude-haiku-4-5"), edit("haiku-b-model"));
+        // Nothing written early and nothing wanted, or the same edit: nothing to write.
+        assert_eq!(end_write(None, None), EndWrite::Nothing);
+        assert_eq!(end_write(Some(&a), Some(&a.clone())), EndWrite::Nothing);
+        // Not written early (a body in one piece): the end writes it.
+        assert_eq!(end_write(None, Some(&a)), EndWrite::Edit(&a));
+        // The decision changed between (a kill): the end's edit replaces the early one.
+        assert_eq!(end_write(Some(&a), Some(&b)), EndWrite::Edit(&b));
+        // The end wants the body as sent: the early edit is undone.
+        assert_eq!(end_write(Some(&a), None), EndWrite::Original);
+    }
 
     #[test]
     fn the_first_reservation_follows_the_announced_length_within_bounds() {

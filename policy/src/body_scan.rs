@@ -914,6 +914,13 @@ impl Incremental {
         self.run(body)
     }
 
+    /// What the scan has found so far: a field's span is set once its value has ended. Not
+    /// a verdict on the body (a later byte can still make it invalid, or repeat `model`);
+    /// [`Incremental::finish`] is.
+    pub fn found(&self) -> TopLevel {
+        self.out
+    }
+
     /// The body is complete and `body` is all of it: the result [`scan`] gives for it (the
     /// spans index `body`).
     pub fn finish(mut self, body: &[u8]) -> Result<TopLevel, ScanError> {
@@ -1309,6 +1316,22 @@ impl Incremental {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn found_names_a_field_once_its_value_has_ended() {
+        let body = br#"{"model":"haiku","messages":[{"role":"user"}],"stream":true}"#;
+        let mut inc = Incremental::new();
+        inc.feed(&body[..12]).expect("prefix");
+        assert_eq!(
+            inc.found(),
+            TopLevel::default(),
+            "the model's value is still open"
+        );
+        inc.feed(&body[..20]).expect("prefix");
+        assert_eq!(inc.found().model, Some((9, 16)));
+        assert_eq!(inc.found().stream, None);
+        assert_eq!(inc.finish(body).expect("valid"), scan(body).expect("valid"));
+    }
 
     /// Every byte value at every place of a window, against the byte-at-a-time rule, for
     /// the build's classifier and for the word fallback (compiled here for this check).

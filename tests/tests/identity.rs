@@ -614,6 +614,32 @@ async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() 
         seen[0].body == expected.as_bytes(),
         "the upstream got the client's bytes with only the model changed"
     );
+
+    // The model last, after the conversation (the native build cannot edit it before it
+    // has arrived, so this is its rewrite at the end), in pieces of 64 KB.
+    let body = format!(
+        r#"{{"max_tokens":16,"messages":[{}],"model":"haiku"}}"#,
+        vec![turn; 2000].join(",")
+    );
+    let owned: Vec<Vec<u8>> = body
+        .as_bytes()
+        .chunks(64 * 1024)
+        .map(<[u8]>::to_vec)
+        .collect();
+    let answer = tokio::task::spawn_blocking(move || {
+        let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        post_in_pieces(port, &token, &pieces, true)
+    })
+    .await
+    .expect("join");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = p.a.seen();
+    assert_eq!(seen.len(), 2, "prov-a serves haiku");
+    let expected = body.replacen(r#""model":"haiku""#, r#""model":"claude-haiku-4-5""#, 1);
+    assert!(
+        seen[1].body == expected.as_bytes(),
+        "the model last: the upstream got the client's bytes with only the model changed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
