@@ -150,8 +150,8 @@ impl RequestFilter {
         self.finish(s, true)
     }
 
-    /// Once the model's value has arrived, write the model edit into Envoy's buffer now,
-    /// while it holds only the body so far.
+    /// Once the model's value has arrived, and a long announced rest has not, write the
+    /// model edit into Envoy's buffer now, while it holds only the body so far.
     ///
     /// Why: this ABI can drain a body's front and append at its end but not prepend, so an
     /// edit of the head made at the end copies the whole body back into Envoy (a megabyte
@@ -174,6 +174,14 @@ impl RequestFilter {
             return;
         }
         self.early_tried = true;
+        // Only when the announced rest is long: a body sent in one go, or without a
+        // length (chunked), is left to the end, which saves the pipeline's second run.
+        let arrived = u64::try_from(self.body.len()).unwrap_or(u64::MAX);
+        let rest =
+            pipeline::content_length(&self.headers).map(|total| total.saturating_sub(arrived));
+        if rest.is_none_or(|rest| rest < EARLY_EDIT_MIN_REST) {
+            return;
+        }
         let snap = self.plugin.effective();
         let Ok(forward) = pipeline::on_body(
             &self.plugin.cfg,
@@ -272,6 +280,10 @@ impl RequestFilter {
             .add(self.plugin.counters.requests, &labels);
     }
 }
+
+/// The least announced body still to come for which [`RequestFilter::edit_early`] edits
+/// before the end: the copy it saves (the rest) must outweigh running the pipeline twice.
+const EARLY_EDIT_MIN_REST: u64 = 64 * 1024;
 
 /// What the end of the body writes into Envoy's buffer, given the edit written while the
 /// body arrived (`early`) and the one the end wants (`wanted`).

@@ -514,30 +514,57 @@ async fn openai_responses_wire_is_routed_with_the_model_rewritten() {
     assert_eq!(s.json()["input"], "hi");
 }
 
-/// Write a chunked POST /v1/messages whose body is `pieces`, one HTTP chunk each, with a
-/// short pause between them so Envoy reads them as separate pieces (what a slow upload
-/// looks like; the assertions hold however Envoy happens to group them). With `finish`
-/// false the body is left open after the last piece. Returns the raw response head and
-/// body read within 10 s, or what arrived by then.
-fn post_in_pieces(port: u16, auth: &str, pieces: &[&[u8]], finish: bool) -> String {
+/// How [`post_in_pieces`] frames the body.
+#[derive(Clone, Copy, PartialEq)]
+enum Framing {
+    /// One HTTP chunk per piece, no length announced.
+    Chunked,
+    /// The pieces' total announced as `content-length`, then the pieces as raw bytes.
+    Length,
+}
+
+/// Write a POST /v1/messages whose body is `pieces`, with a short pause between them so
+/// Envoy reads them as separate pieces (what a slow upload looks like; the assertions
+/// hold however Envoy happens to group them). With `finish` false a chunked body is left
+/// open after the last piece. Returns the raw response head and body read within 10 s,
+/// or what arrived by then.
+fn post_in_pieces(
+    port: u16,
+    auth: &str,
+    pieces: &[&[u8]],
+    framing: Framing,
+    finish: bool,
+) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .expect("timeout");
+    let length = match framing {
+        Framing::Chunked => "Transfer-Encoding: chunked".to_string(),
+        Framing::Length => format!(
+            "Content-Length: {}",
+            pieces.iter().map(|p| p.len()).sum::<usize>()
+        ),
+    };
     let head = format!(
-        "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\n{length}\r\n\r\n"
     );
     s.write_all(head.as_bytes()).expect("head");
     for piece in pieces {
-        let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+        let mut chunk = Vec::new();
+        if framing == Framing::Chunked {
+            chunk.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        }
         chunk.extend_from_slice(piece);
-        chunk.extend_from_slice(b"\r\n");
+        if framing == Framing::Chunked {
+            chunk.extend_from_slice(b"\r\n");
+        }
         if s.write_all(&chunk).is_err() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    if finish {
+    if finish && framing == Framing::Chunked {
         let _ = s.write_all(b"0\r\n\r\n");
     }
     let mut out = Vec::new();
@@ -602,7 +629,7 @@ async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() 
         (token.clone(), pieces.iter().map(|p| p.to_vec()).collect());
     let answer = tokio::task::spawn_blocking(move || {
         let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-        post_in_pieces(port, &auth, &pieces, true)
+        post_in_pieces(port, &auth, &pieces, Framing::Length, true)
     })
     .await
     .expect("join");
@@ -615,8 +642,9 @@ async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() 
         "the upstream got the client's bytes with only the model changed"
     );
 
-    // The model last, after the conversation (the native build cannot edit it before it
-    // has arrived, so this is its rewrite at the end), in pieces of 64 KB.
+    // The model last, after the conversation, in pieces of 64 KB and chunked: the native
+    // build's rewrite at the end (above, with a long announced rest, it edits the model as
+    // soon as it has arrived).
     let body = format!(
         r#"{{"max_tokens":16,"messages":[{}],"model":"haiku"}}"#,
         vec![turn; 2000].join(",")
@@ -628,7 +656,7 @@ async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() 
         .collect();
     let answer = tokio::task::spawn_blocking(move || {
         let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-        post_in_pieces(port, &token, &pieces, true)
+        post_in_pieces(port, &token, &pieces, Framing::Chunked, true)
     })
     .await
     .expect("join");
@@ -655,6 +683,7 @@ async fn a_body_invalid_early_is_refused_before_it_is_complete() {
             port,
             &token,
             &[br#"{"model":"haiku","messages":[1,"#, b"]"],
+            Framing::Chunked,
             false,
         )
     })
