@@ -755,7 +755,7 @@ enum Num {
 /// end-of-input messages name the state the scan stopped in), and a second `model` or
 /// `stream` is refused at its key, before its value (`scan` checks the value first).
 ///
-/// Cost: string contents are skipped 16 bytes per step as in `scan`; a piece boundary
+/// Cost: string ends are found in 64-byte windows as in `scan`; a piece boundary
 /// costs re-reading at most a literal (`false`) or a cut escape (`\u00e9`). Numbers
 /// resume in place. Nothing is allocated.
 #[derive(Debug, Clone)]
