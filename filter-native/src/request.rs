@@ -193,7 +193,7 @@ impl RequestFilter {
             return;
         };
         if let Some(edit) = forward.body
-            && edit.prefix != self.body[..edit.drop.min(self.body.len())]
+            && !edit.keeps(&self.body)
         {
             write_body(s, &edit, &self.body);
             self.early_edit = Some(edit);
@@ -229,7 +229,10 @@ impl RequestFilter {
                 drop: 0,
                 prefix: Vec::new(),
             };
-            match end_write(self.early_edit.as_ref(), forward.body.as_ref()) {
+            // An edit that writes back the bytes received (the alias is the provider's
+            // model id) is no edit: the body stays in Envoy's buffer as it came.
+            let wanted = forward.body.as_ref().filter(|edit| !edit.keeps(body));
+            match end_write(self.early_edit.as_ref(), wanted) {
                 EndWrite::Nothing => {}
                 EndWrite::Edit(edit) => write_body(s, edit, body),
                 EndWrite::Original => write_body(s, &unchanged, body),

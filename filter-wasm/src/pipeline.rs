@@ -289,6 +289,11 @@ impl PrefixEdit {
         }
     }
 
+    /// Whether the edit leaves `body` as it is (the model written is the one sent).
+    pub fn keeps(&self, body: &[u8]) -> bool {
+        body.get(..self.drop) == Some(self.prefix.as_slice())
+    }
+
     /// The edited body (what Envoy holds after the edit).
     pub fn apply(&self, body: &[u8]) -> Vec<u8> {
         let mut out = self.prefix.clone();

@@ -249,6 +249,14 @@ fn pipeline_body_routes_rewrites_and_stamps() {
     assert_eq!(edit.apply(sent), br#"{"model":"claude-sonnet","x":1}"#);
     // Only the head up to the model changes hands.
     assert_eq!(edit.drop, br#"{"model":"sonnet""#.len());
+    assert!(!edit.keeps(sent));
+    // The same model written again keeps the body (the native build then writes nothing).
+    let same = pipeline::PrefixEdit::model(sent, 9, 17, "sonnet");
+    assert!(same.keeps(sent));
+    assert!(
+        !same.keeps(&sent[..5]),
+        "a body shorter than the edit's head"
+    );
     assert!(f.stamps.contains(&("x-halo-ring".into(), "general".into())));
     assert!(f.stamps.contains(&("x-halo-release".into(), "r1".into())));
     assert!(
