@@ -356,6 +356,9 @@ async fn main() {
         // against the floor.
         let mut vs_bare = vec![Vec::new(); gateways.len()];
         let mut vs_floor = vec![Vec::new(); gateways.len()];
+        // The floor itself against bare: what the halo route costs Envoy before the filter
+        // does anything, the reference the targets sit on.
+        let mut floor_vs_bare = Vec::new();
         for _ in 0..reps {
             let mut base = Vec::new();
             for (baseline, envoy, url) in &baselines {
@@ -363,6 +366,11 @@ async fn main() {
                 row(&label, baseline.label(), &r);
                 base.push(r);
             }
+            floor_vs_bare.push((
+                base[2].rps / base[0].rps,
+                base[2].p50_us - base[0].p50_us,
+                base[2].cpu_us - base[0].cpu_us,
+            ));
             for (i, (name, gw)) in gateways.iter().enumerate() {
                 let halo_r = load(
                     &gw.envoy,
@@ -386,9 +394,16 @@ async fn main() {
                 ));
             }
         }
+        let med = |f: &dyn Fn(usize) -> f64| median(&mut (0..reps).map(f).collect::<Vec<_>>());
+        let medians = if reps > 1 { " (medians)" } else { "" };
+        println!(
+            "{label:>7}  read in full + failover vs bare Envoy: {:.2}x rps, p50 {:+.0} us, cpu {:+.0} us{medians}",
+            med(&|r| floor_vs_bare[r].0),
+            med(&|r| floor_vs_bare[r].1),
+            med(&|r| floor_vs_bare[r].2),
+        );
         for (i, (name, _)) in gateways.iter().enumerate() {
             let (bare, floor) = (&vs_bare[i], &vs_floor[i]);
-            let med = |f: &dyn Fn(usize) -> f64| median(&mut (0..reps).map(f).collect::<Vec<_>>());
             println!(
                 "{label:>7}  {name} vs bare Envoy: {:.2}x rps, p50 {:+.0} us, cpu {:+.0} us; vs read in full + failover: p50 {:+.0} us, cpu {:+.0} us{}",
                 med(&|r| bare[r].0),
@@ -396,7 +411,7 @@ async fn main() {
                 med(&|r| bare[r].2),
                 med(&|r| floor[r].0),
                 med(&|r| floor[r].1),
-                if reps > 1 { " (medians)" } else { "" },
+                medians,
             );
         }
     }
