@@ -238,16 +238,9 @@ mod simd128 {
     pub const CHUNK: usize = 16;
     pub const BITS_PER_BYTE: usize = 1;
 
-    /// One bit per byte of a 16-byte chunk that is `"`, `\` or below 0x20.
+    /// One bit per byte of `v` that is `"`, `\` or below 0x20.
     #[inline(always)]
-    pub fn chunk_specials(chunk: &[u8]) -> u32 {
-        let word = |k: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&chunk[k..k + 8]);
-            u64::from_le_bytes(w)
-        };
-        // Two 8-byte loads make the vector without an unsafe v128_load.
-        let v = u64x2(word(0), word(8));
+    fn specials(v: v128) -> u32 {
         let m = v128_or(
             v128_or(
                 u8x16_eq(v, u8x16_splat(b'"')),
@@ -258,6 +251,18 @@ mod simd128 {
         u32::from(u8x16_bitmask(m))
     }
 
+    /// One bit per byte of a 16-byte chunk that is `"`, `\` or below 0x20.
+    #[inline(always)]
+    pub fn chunk_specials(chunk: &[u8]) -> u32 {
+        let word = |k: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&chunk[k..k + 8]);
+            u64::from_le_bytes(w)
+        };
+        // Two 8-byte loads make the vector without an unsafe v128_load.
+        specials(u64x2(word(0), word(8)))
+    }
+
     /// [`chunk_specials`] of a window's four chunks, loaded whole.
     #[inline(always)]
     pub fn window_specials(window: &[u8; super::WINDOW]) -> u64 {
@@ -266,14 +271,7 @@ mod simd128 {
             // SAFETY: bytes 16k..16k+16 of a 64-byte array (k < 4); v128_load has no
             // alignment requirement.
             let v = unsafe { v128_load(window.as_ptr().add(k * CHUNK).cast()) };
-            let m = v128_or(
-                v128_or(
-                    u8x16_eq(v, u8x16_splat(b'"')),
-                    u8x16_eq(v, u8x16_splat(b'\\')),
-                ),
-                u8x16_lt(v, u8x16_splat(0x20)),
-            );
-            bits |= u64::from(u8x16_bitmask(m)) << (k * CHUNK);
+            bits |= u64::from(specials(v)) << (k * CHUNK);
         }
         bits
     }
