@@ -225,17 +225,13 @@ impl RequestFilter {
             s.set_request_header(":path", Some(path));
         }
         if in_body {
-            let unchanged = PrefixEdit {
-                drop: 0,
-                prefix: Vec::new(),
-            };
             // An edit that writes back the bytes received (the alias is the provider's
             // model id) is no edit: the body stays in Envoy's buffer as it came.
             let wanted = forward.body.as_ref().filter(|edit| !edit.keeps(body));
             match end_write(self.early_edit.as_ref(), wanted) {
                 EndWrite::Nothing => {}
                 EndWrite::Edit(edit) => write_body(s, edit, body),
-                EndWrite::Original => write_body(s, &unchanged, body),
+                EndWrite::Original => write_body(s, &PrefixEdit::default(), body),
             }
             if let Some(edit) = &forward.body
                 && edit.prefix.len() != edit.drop

@@ -271,8 +271,9 @@ fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
 /// A body change confined to the body's start: drop its first `drop` bytes and put
 /// `prefix` in their place. The model is near the start of a request and the rest (the
 /// conversation, up to megabytes) never needs to cross the wasm boundary again: Envoy's
-/// body replacement at offset 0 drains and prepends without copying the rest.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// body replacement at offset 0 drains and prepends without copying the rest. The
+/// default edit drops nothing and adds nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrefixEdit {
     pub drop: usize,
     pub prefix: Vec<u8>,

@@ -515,7 +515,7 @@ async fn openai_responses_wire_is_routed_with_the_model_rewritten() {
 }
 
 /// How [`post_in_pieces`] frames the body.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Framing {
     /// One HTTP chunk per piece, no length announced.
     Chunked,
@@ -620,27 +620,12 @@ async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() 
     let mut pieces = Vec::new();
     let mut at = 0;
     for cut in cuts {
-        pieces.push(&bytes[at..cut]);
+        pieces.push(bytes[at..cut].to_vec());
         at = cut;
     }
-    pieces.push(&bytes[at..]);
-    let port = gw.port;
-    let (auth, owned): (String, Vec<Vec<u8>>) =
-        (token.clone(), pieces.iter().map(|p| p.to_vec()).collect());
-    let answer = tokio::task::spawn_blocking(move || {
-        let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-        post_in_pieces(port, &auth, &pieces, Framing::Length, true)
-    })
-    .await
-    .expect("join");
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let seen = p.a.seen();
-    assert_eq!(seen.len(), 1, "prov-a serves haiku");
-    let expected = body.replacen(r#""model":"haiku""#, r#""model":"claude-haiku-4-5""#, 1);
-    assert!(
-        seen[0].body == expected.as_bytes(),
-        "the upstream got the client's bytes with only the model changed"
-    );
+    pieces.push(bytes[at..].to_vec());
+    let gw = (gw.port, token);
+    forwarded_with_only_the_model_changed(gw.clone(), &body, pieces, Framing::Length, &p).await;
 
     // The model last, after the conversation, in pieces of 64 KB and chunked: the native
     // build's rewrite at the end (above, with a long announced rest, it edits the model as
@@ -649,24 +634,38 @@ async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() 
         r#"{{"max_tokens":16,"messages":[{}],"model":"haiku"}}"#,
         vec![turn; 2000].join(",")
     );
-    let owned: Vec<Vec<u8>> = body
+    let pieces = body
         .as_bytes()
         .chunks(64 * 1024)
         .map(<[u8]>::to_vec)
         .collect();
+    forwarded_with_only_the_model_changed(gw, &body, pieces, Framing::Chunked, &p).await;
+}
+
+/// Send `body`, cut into `pieces`, to the gateway (port, authorization) as dave: answered
+/// 200, and prov-a (which serves his haiku) got the client's bytes with only the model
+/// changed.
+async fn forwarded_with_only_the_model_changed(
+    (port, auth): (u16, String),
+    body: &str,
+    pieces: Vec<Vec<u8>>,
+    framing: Framing,
+    p: &Providers,
+) {
+    let before = p.a.count();
     let answer = tokio::task::spawn_blocking(move || {
-        let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-        post_in_pieces(port, &token, &pieces, Framing::Chunked, true)
+        let pieces: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+        post_in_pieces(port, &auth, &pieces, framing, true)
     })
     .await
     .expect("join");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let seen = p.a.seen();
-    assert_eq!(seen.len(), 2, "prov-a serves haiku");
+    assert_eq!(seen.len(), before + 1, "prov-a serves haiku");
     let expected = body.replacen(r#""model":"haiku""#, r#""model":"claude-haiku-4-5""#, 1);
     assert!(
-        seen[1].body == expected.as_bytes(),
-        "the model last: the upstream got the client's bytes with only the model changed"
+        seen[before].body == expected.as_bytes(),
+        "the upstream got the client's bytes with only the model changed ({framing:?})"
     );
 }
 
