@@ -250,11 +250,30 @@ impl Stream {
         }
     }
 
-    /// Empty a request body.
-    pub fn drain_request_body(self, which: Body) {
+    /// Remove the first `len` bytes of a request body (all of it for `usize::MAX`).
+    pub fn drain_request_body(self, which: Body, len: usize) {
+        if len == 0 {
+            return;
+        }
         // SAFETY: live stream.
         unsafe {
-            abi::envoy_dynamic_module_callback_http_drain_body(self.0, which.request(), usize::MAX);
+            abi::envoy_dynamic_module_callback_http_drain_body(self.0, which.request(), len);
+        }
+    }
+
+    /// Append `bytes` (copied) at the end of a request body. Appending to the buffered
+    /// body creates it when Envoy has none yet, ahead of the current piece.
+    pub fn append_request_body(self, which: Body, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        // SAFETY: live stream; Envoy copies the bytes during the call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_append_body(
+                self.0,
+                which.request(),
+                ModuleBuffer::of(bytes),
+            );
         }
     }
 

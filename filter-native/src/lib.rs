@@ -12,11 +12,13 @@
 //! - [`host`]: safe calls into Envoy, for a stream and for a configuration. With the
 //!   exported `hooks`, the only `unsafe` code.
 //! - `hooks`: the exported event hooks, dispatching to the filters.
+//! - [`body_edit`]: a head edit written into Envoy's body without copying the rest.
 //! - [`request`]: the request filter. [`stage`]: the per-attempt stage.
 //! - [`plugin`]: a filter configuration, its counters and the kill-list poller.
 //! - [`jwt`]: the verified claims as jwt_authn forwards them.
 
 pub mod abi;
+pub mod body_edit;
 pub mod host;
 pub mod jwt;
 pub mod plugin;

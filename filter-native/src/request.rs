@@ -12,6 +12,7 @@ use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
 use halo_policy::decide::UNKNOWN_RING;
 
+use crate::body_edit;
 use crate::host::{Body, Next, Stream};
 use crate::jwt::{self, Verified};
 use crate::plugin::RequestPlugin;
@@ -137,7 +138,13 @@ impl RequestFilter {
             ));
         }
         s.copy_request_body(Body::Received, &mut self.body);
-        if !end_of_stream {
+        // All the announced bytes are here, though Envoy has not said the body ended
+        // (HTTP/1 ends it with an empty piece of its own): finish now, while this piece is
+        // still apart from what Envoy buffered, so the edit copies only the head
+        // ([`body_edit`]); the empty end then passes through.
+        let complete =
+            pipeline::content_length(&self.headers) == u64::try_from(self.body.len()).ok();
+        if !end_of_stream && !complete {
             if let Some(scan) = self.scan.as_mut()
                 && scan.feed(&self.body).is_err()
             {
@@ -195,7 +202,7 @@ impl RequestFilter {
         if let Some(edit) = forward.body
             && !edit.keeps(&self.body)
         {
-            write_body(s, &edit, &self.body);
+            body_edit::write(s, &edit, &self.body);
             self.early_edit = Some(edit);
         }
     }
@@ -228,10 +235,16 @@ impl RequestFilter {
             // An edit that writes back the bytes received (the alias is the provider's
             // model id) is no edit: the body stays in Envoy's buffer as it came.
             let wanted = forward.body.as_ref().filter(|edit| !edit.keeps(body));
-            match end_write(self.early_edit.as_ref(), wanted) {
-                EndWrite::Nothing => {}
-                EndWrite::Edit(edit) => write_body(s, edit, body),
-                EndWrite::Original => write_body(s, &PrefixEdit::default(), body),
+            // Envoy's buffers still hold the body as received unless the early edit
+            // wrote into them; after it, only a whole replacement is sure.
+            match (
+                end_write(self.early_edit.as_ref(), wanted),
+                &self.early_edit,
+            ) {
+                (EndWrite::Nothing, _) => {}
+                (EndWrite::Edit(edit), None) => body_edit::write(s, edit, body),
+                (EndWrite::Edit(edit), Some(_)) => body_edit::replace(s, edit, body),
+                (EndWrite::Original, _) => body_edit::replace(s, &PrefixEdit::default(), body),
             }
             if let Some(edit) = &forward.body
                 && edit.prefix.len() != edit.drop
@@ -303,15 +316,6 @@ fn end_write<'a>(early: Option<&PrefixEdit>, wanted: Option<&'a PrefixEdit>) -> 
         (_, Some(wanted)) => EndWrite::Edit(wanted),
         (Some(_), None) => EndWrite::Original,
     }
-}
-
-/// Replace the request body Envoy holds (what it buffered and this call's piece) with
-/// `edit` applied to `body`, the body as received so far; it goes on as this call's
-/// piece. No prepend in this ABI: the edited head and then the rest are appended.
-fn write_body(s: Stream, edit: &PrefixEdit, body: &[u8]) {
-    let rest = body.get(edit.drop..).unwrap_or_default();
-    s.drain_request_body(Body::Buffered);
-    s.replace_request_body(Body::Received, &[&edit.prefix, rest]);
 }
 
 /// How much room to make for the body when its first piece arrives: the announced

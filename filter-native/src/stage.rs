@@ -10,6 +10,7 @@ use halo_providers::ResponseConversion;
 use halo_providers::eventstream::EventStreamToSse;
 
 use crate::abi;
+use crate::body_edit;
 use crate::host::{Body, Next, Stream, log};
 use crate::plugin::AttemptPlugin;
 
@@ -117,9 +118,7 @@ impl Stage {
                     &model,
                 ) {
                     Some(edit) => {
-                        let rest = body.get(edit.drop..).unwrap_or_default();
-                        s.drain_request_body(Body::Buffered);
-                        s.replace_request_body(Body::Received, &[&edit.prefix, rest]);
+                        body_edit::write(s, &edit, &body);
                         self.counted(s);
                     }
                     None => log(
@@ -169,7 +168,7 @@ impl Stage {
             s.set_request_header(name, Some(value));
         }
         if in_body {
-            s.drain_request_body(Body::Buffered);
+            s.drain_request_body(Body::Buffered, usize::MAX);
             s.replace_request_body(Body::Received, &[&out.body]);
         }
         for cause in &out.dropped {

@@ -627,19 +627,26 @@ async fn a_body_arriving_in_pieces_is_scanned_on_the_way_and_forwarded_intact() 
     let gw = (gw.port, token);
     forwarded_with_only_the_model_changed(gw.clone(), &body, pieces, Framing::Length, &p).await;
 
-    // The model last, after the conversation, in pieces of 64 KB and chunked: the native
-    // build's rewrite at the end (above, with a long announced rest, it edits the model as
-    // soon as it has arrived).
+    // In pieces of 64 KB, the native build's rewrite at the end (above, with a long
+    // announced rest, it edits the model as soon as it has arrived), with the model where
+    // Envoy holds it then: chunked, a last empty piece ends the body, so the model is in
+    // what Envoy buffered, first or last; with a length and the model last, it is in the
+    // last piece, after the buffered rest.
+    let in_64k = |body: &str| -> Vec<Vec<u8>> {
+        body.as_bytes()
+            .chunks(64 * 1024)
+            .map(<[u8]>::to_vec)
+            .collect()
+    };
+    forwarded_with_only_the_model_changed(gw.clone(), &body, in_64k(&body), Framing::Chunked, &p)
+        .await;
     let body = format!(
         r#"{{"max_tokens":16,"messages":[{}],"model":"haiku"}}"#,
         vec![turn; 2000].join(",")
     );
-    let pieces = body
-        .as_bytes()
-        .chunks(64 * 1024)
-        .map(<[u8]>::to_vec)
-        .collect();
-    forwarded_with_only_the_model_changed(gw, &body, pieces, Framing::Chunked, &p).await;
+    for framing in [Framing::Chunked, Framing::Length] {
+        forwarded_with_only_the_model_changed(gw.clone(), &body, in_64k(&body), framing, &p).await;
+    }
 }
 
 /// Send `body`, cut into `pieces`, to the gateway (port, authorization) as dave: answered
