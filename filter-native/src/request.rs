@@ -257,7 +257,7 @@ impl RequestFilter {
         }
         if let Some(mut note) = forward.attempt_note.take() {
             note.headers = attempt::noted_headers(&self.headers, &self.removals);
-            s.set_filter_state(ATTEMPT_PROPERTY, note.encode().as_bytes());
+            s.set_filter_state(ATTEMPT_PROPERTY, &note.encode(forward.first_pick.as_ref()));
         }
         for (name, value) in &forward.stamps {
             s.set_request_header(name, Some(value));

@@ -44,29 +44,31 @@ impl Stage {
     }
 
     pub fn on_request_headers(&mut self, s: Stream, end_of_stream: bool) -> Next {
-        let Some(note) = s
-            .filter_state(ATTEMPT_PROPERTY)
-            .and_then(|b| String::from_utf8(b).ok())
-            .and_then(|v| Note::decode(&v))
-        else {
+        let Some(value) = s.filter_state(ATTEMPT_PROPERTY) else {
             return Next::Continue;
         };
-        let facts = s
-            .host_metadata_string("halo", ENDPOINT_FACTS_KEY)
-            .and_then(|b| EndpointFacts::decode(&b));
+        let facts = s.host_metadata_string("halo", ENDPOINT_FACTS_KEY);
+        // The first pick's attempt, as the request filter left it: nothing to do, and
+        // nothing to decode.
+        let path = s.request_header(":path");
+        if attempt::passes_as_left(&value, facts.as_deref(), path.as_deref()) {
+            return Next::Continue;
+        }
+        let Some(note) = Note::decode(&value) else {
+            return Next::Continue;
+        };
+        let facts = facts.and_then(|b| EndpointFacts::decode(&b));
         let plan = attempt::plan(&note, facts.as_ref());
         if let Work::Skip(skip) = &plan.work {
             return skip_attempt(s, skip);
         }
-        if plan.keeps_filtered_request(&note)
-            && s.request_header(":path").as_deref() == Some(note.path.as_str())
-        {
+        if plan.keeps_filtered_request(&note) && path.as_deref() == Some(note.path.as_str()) {
             return Next::Continue;
         }
         for (name, value) in &plan.restore {
             s.set_request_header(name, value.as_deref());
         }
-        if s.request_header(":path").as_deref() != Some(plan.path.as_str()) {
+        if path.as_deref() != Some(plan.path.as_str()) {
             s.set_request_header(":path", Some(&plan.path));
             if plan.path != note.path {
                 self.counted(s);

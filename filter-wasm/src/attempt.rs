@@ -89,14 +89,29 @@ pub struct Note {
 }
 
 impl Note {
-    /// The property value.
-    pub fn encode(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
+    /// The property value: two lines for [`passes_as_left`], then the note as JSON. The
+    /// first line is `first_pick`'s [`EndpointFacts::identity`] when an attempt on that
+    /// endpoint sends the request exactly as the request filter leaves it (empty
+    /// otherwise); the second is the `:path` the request filter left.
+    pub fn encode(&self, first_pick: Option<&EndpointFacts>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        if let Some(facts) =
+            first_pick.filter(|facts| plan(self, Some(facts)).keeps_filtered_request(self))
+        {
+            facts.write_identity(&mut out);
+        }
+        out.push(b'\n');
+        out.extend_from_slice(self.path.as_bytes());
+        out.push(b'\n');
+        // A note of strings and numbers always serializes.
+        let _ = serde_json::to_writer(&mut out, self);
+        out
     }
 
     /// Read a value written by [`Note::encode`]; `None` for anything else.
-    pub fn decode(value: &str) -> Option<Note> {
-        let note: Note = serde_json::from_str(value).ok()?;
+    pub fn decode(value: &[u8]) -> Option<Note> {
+        let json = value.splitn(3, |&b| b == b'\n').nth(2)?;
+        let note: Note = serde_json::from_slice(json).ok()?;
         match note.at {
             ModelAt::Body { start, end } if start >= end => None,
             _ => Some(note),
@@ -135,6 +150,23 @@ impl Note {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// Whether an attempt needs nothing from the stage, read from the property `value` (what
+/// [`Note::encode`] wrote), the endpoint's facts as written (`facts`) and the request's
+/// `:path`, without decoding either: the endpoint is the one the request filter shaped the
+/// request for, and no earlier attempt changed the shared header map (the `:path` is the
+/// one the filter left; see [`Plan::keeps_filtered_request`]). Then the full [`plan`]
+/// would keep the request too, so the common first attempt costs two reads and two
+/// compares.
+pub fn passes_as_left(value: &[u8], facts: Option<&[u8]>, path: Option<&str>) -> bool {
+    let mut lines = value.splitn(3, |&b| b == b'\n');
+    let (Some(identity), Some(left_path), Some(facts), Some(path)) =
+        (lines.next(), lines.next(), facts, path)
+    else {
+        return false;
+    };
+    !identity.is_empty() && facts.starts_with(identity) && left_path == path.as_bytes()
 }
 
 /// The upstream a translation needs, from the chosen endpoint's facts.
@@ -481,18 +513,121 @@ mod tests {
     #[test]
     fn notes_round_trip_and_garbage_is_ignored() {
         let n = messages_note("claude \"x\"");
-        assert_eq!(Note::decode(&n.encode()), Some(n));
+        let first = endpoint("claude \"x\"", "anthropic");
+        assert_eq!(Note::decode(&n.encode(Some(&first))), Some(n.clone()));
+        assert_eq!(Note::decode(&n.encode(None)), Some(n));
         let p = Note::in_path(
             &call(WireProtocol::BedrockInvoke, Operation::Invoke, false),
             "/model/a.m%3A0/invoke",
             "a.m:0",
         );
-        assert_eq!(Note::decode(&p.encode()), Some(p));
+        assert_eq!(Note::decode(&p.encode(None)), Some(p));
         let mut bad_range = messages_note("m");
         bad_range.at = ModelAt::Body { start: 5, end: 5 };
-        for bad in ["", "body 1 2 m", "{}", &bad_range.encode()] {
+        let json_alone = serde_json::to_vec(&messages_note("m")).expect("json");
+        for bad in [
+            &b""[..],
+            b"body 1 2 m",
+            b"\n\n{}",
+            &json_alone,
+            &bad_range.encode(None),
+        ] {
             assert_eq!(Note::decode(bad), None, "{bad:?}");
         }
+    }
+
+    /// The stage's shortcut against the full plan: it lets an attempt pass only when the
+    /// plan would keep the request and the `:path` is the one the request filter left, and
+    /// it does on the first pick of a pass-through target.
+    #[test]
+    fn an_attempt_passes_as_left_only_where_the_plan_keeps_the_request() {
+        let notes = [
+            messages_note("m-a"),
+            {
+                let mut n = messages_note("m-a");
+                n.headers.push(("x-api-key".into(), "client-key".into()));
+                n
+            },
+            Note::in_path(
+                &call(WireProtocol::BedrockInvoke, Operation::Invoke, false),
+                "/model/m-a/invoke",
+                "m-a",
+            ),
+            Note::in_path(
+                &call(WireProtocol::Gemini, Operation::Generate, false),
+                "/v1beta/models/m-a:generateContent",
+                "m-a",
+            ),
+        ];
+        let kinds = [
+            "anthropic",
+            "bedrock",
+            "openai",
+            "vertex",
+            "gemini",
+            "orchestrator",
+        ];
+        // The first pick's facts as the request filter has them: model and kind only.
+        let firsts: Vec<EndpointFacts> = kinds
+            .iter()
+            .flat_map(|k| {
+                ["m-a", "m-b"].map(|m| EndpointFacts {
+                    model: m.into(),
+                    kind: (*k).into(),
+                    ..EndpointFacts::default()
+                })
+            })
+            .collect();
+        // The picked endpoints' facts as the renderers write them, with and without a host
+        // and the translation settings.
+        let endpoints: Vec<EndpointFacts> = kinds
+            .iter()
+            .flat_map(|k| {
+                [
+                    endpoint("m-a", k),
+                    endpoint("m-b", k),
+                    EndpointFacts {
+                        host: String::new(),
+                        region: None,
+                        ..endpoint("m-a", k)
+                    },
+                ]
+            })
+            .collect();
+        let mut passed = 0;
+        for note in &notes {
+            for first in &firsts {
+                let value = note.encode(Some(first));
+                for picked in &endpoints {
+                    let facts = picked.encode();
+                    for path in [note.path.as_str(), "/changed"] {
+                        let fast = passes_as_left(&value, Some(facts.as_bytes()), Some(path));
+                        let full = plan(note, Some(picked)).keeps_filtered_request(note)
+                            && path == note.path;
+                        assert!(
+                            !fast || full,
+                            "{note:?} first {first:?} picked {picked:?} {path}"
+                        );
+                        if fast {
+                            passed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(passed > 0, "the first pick of a pass-through target passes");
+        let note = messages_note("m-a");
+        let first = endpoint("m-a", "anthropic");
+        let value = note.encode(Some(&first));
+        let facts = first.encode();
+        assert!(passes_as_left(
+            &value,
+            Some(facts.as_bytes()),
+            Some("/v1/messages")
+        ));
+        // Without the endpoint's facts or the path: the full plan decides.
+        assert!(!passes_as_left(&value, None, Some("/v1/messages")));
+        assert!(!passes_as_left(&value, Some(facts.as_bytes()), None));
     }
 
     #[test]

@@ -405,7 +405,10 @@ impl Http {
             // Read from the headers kept at request-headers time, less what hygiene removed:
             // nothing else changes them in between, and each read from Envoy is a call.
             note.headers = attempt::noted_headers(&self.headers, &self.removals);
-            self.set_property(vec![ATTEMPT_PROPERTY], Some(note.encode().as_bytes()));
+            self.set_property(
+                vec![ATTEMPT_PROPERTY],
+                Some(&note.encode(forward.first_pick.as_ref())),
+            );
         }
         for (name, value) in &forward.stamps {
             self.set_http_request_header(name, Some(value));
@@ -559,35 +562,37 @@ impl Context for Attempt {}
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _num: usize, end_of_stream: bool) -> Action {
-        let Some(note) = self
-            .get_property(vec![ATTEMPT_PROPERTY])
-            .and_then(|b| String::from_utf8(b).ok())
-            .and_then(|v| Note::decode(&v))
-        else {
+        let Some(value) = self.get_property(vec![ATTEMPT_PROPERTY]) else {
             return Action::Continue;
         };
-        let facts = self
-            .get_property(vec![
-                "xds",
-                "upstream_host_metadata",
-                "filter_metadata",
-                "halo",
-                ENDPOINT_FACTS_KEY,
-            ])
-            .and_then(|b| EndpointFacts::decode(&b));
+        let facts = self.get_property(vec![
+            "xds",
+            "upstream_host_metadata",
+            "filter_metadata",
+            "halo",
+            ENDPOINT_FACTS_KEY,
+        ]);
+        // The first pick's attempt, as the request filter left it: nothing to do, and
+        // nothing to decode.
+        let path = self.get_http_request_header(":path");
+        if attempt::passes_as_left(&value, facts.as_deref(), path.as_deref()) {
+            return Action::Continue;
+        }
+        let Some(note) = Note::decode(&value) else {
+            return Action::Continue;
+        };
+        let facts = facts.and_then(|b| EndpointFacts::decode(&b));
         let plan = attempt::plan(&note, facts.as_ref());
         if let Work::Skip(skip) = &plan.work {
             return self.skip(skip);
         }
-        if plan.keeps_filtered_request(&note)
-            && self.get_http_request_header(":path").as_deref() == Some(note.path.as_str())
-        {
+        if plan.keeps_filtered_request(&note) && path.as_deref() == Some(note.path.as_str()) {
             return Action::Continue;
         }
         for (name, value) in &plan.restore {
             self.set_http_request_header(name, value.as_deref());
         }
-        if self.get_http_request_header(":path").as_deref() != Some(plan.path.as_str()) {
+        if path.as_deref() != Some(plan.path.as_str()) {
             self.set_http_request_header(":path", Some(&plan.path));
             if plan.path != note.path {
                 self.counted();

@@ -18,7 +18,7 @@ use halo_policy::Snapshot;
 use halo_policy::admit::{self, Admission, ModelLocation, Refusal};
 use halo_policy::assign;
 use halo_policy::body_scan::{ScanError, TopLevel};
-use halo_policy::cluster_names;
+use halo_policy::cluster_names::{self, EndpointFacts};
 use halo_policy::decide::{self, Caller, Decision, Subject};
 use halo_policy::route;
 use halo_policy::types::WireProtocol;
@@ -315,6 +315,9 @@ pub struct Forward {
     /// For the per-attempt stage ([`crate::attempt::Note`]; the glue adds the client's
     /// headers it needs).
     pub attempt_note: Option<Note>,
+    /// The first pick's model and kind, for the stage's shortcut on its attempt
+    /// ([`crate::attempt::passes_as_left`]).
+    pub first_pick: Option<EndpointFacts>,
     /// Headers to set (after removing the client's).
     pub stamps: Vec<(String, String)>,
     /// For the metrics: ring, variant (`none` when unattributed), whether a decision ran.
@@ -366,6 +369,11 @@ pub fn on_body(
         return Err(r);
     };
     let target = first.target;
+    let first_pick = snap.upstreams.get(&target.upstream).map(|u| EndpointFacts {
+        model: target.model.clone(),
+        kind: u.kind.as_str().to_string(),
+        ..EndpointFacts::default()
+    });
     // The aggregate cluster for (route scope, alias, first pick, call class): the same
     // name the xDS translator and the standalone bootstrap give it; Envoy walks its
     // failover order.
@@ -407,6 +415,7 @@ pub fn on_body(
     stamps.push((cfg.route_header.clone(), cluster.clone()));
     Ok(Forward {
         attempt_note: Some(note),
+        first_pick,
         body: new_body,
         path: (path != pending.path).then_some(path),
         cluster,
@@ -451,6 +460,7 @@ fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
     let cluster = cluster_names::aggregate_cluster(cluster_names::RouteScope::Gateway, alias, 0);
     Ok(Forward {
         attempt_note: None,
+        first_pick: None,
         body: None,
         path: None,
         cluster: cluster.clone(),

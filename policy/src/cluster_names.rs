@@ -301,6 +301,27 @@ impl EndpointFacts {
     pub fn decode(value: &[u8]) -> Option<EndpointFacts> {
         serde_json::from_slice(value).ok()
     }
+
+    /// How [`EndpointFacts::encode`]'s value starts: its model and kind, the two facts an
+    /// attempt that passes a request on unchanged depends on. The per-attempt stage
+    /// compares this with the endpoint's value instead of decoding it on the common first
+    /// attempt.
+    pub fn identity(&self) -> String {
+        let mut out = Vec::new();
+        self.write_identity(&mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// [`EndpointFacts::identity`], appended to `out`.
+    pub fn write_identity(&self, out: &mut Vec<u8>) {
+        // The same serializer and field order as `encode`; a test holds them together.
+        // Writing a string into a Vec cannot fail.
+        out.extend_from_slice(br#"{"model":"#);
+        let _ = serde_json::to_writer(&mut *out, &self.model);
+        out.extend_from_slice(br#","kind":"#);
+        let _ = serde_json::to_writer(&mut *out, &self.kind);
+        out.push(b',');
+    }
 }
 
 #[cfg(test)]
@@ -422,6 +443,30 @@ mod tests {
             b"{\"model\":\"m\",\"kind\":\"k\",\"host\":\"h\",\"x\":1}",
         ] {
             assert_eq!(EndpointFacts::decode(bad), None);
+        }
+    }
+
+    #[test]
+    fn the_identity_is_how_the_value_starts_and_names_one_model_and_kind() {
+        let facts = |model: &str, kind: &str| EndpointFacts {
+            model: model.into(),
+            kind: kind.into(),
+            host: "h".into(),
+            region: Some("r".into()),
+            ..EndpointFacts::default()
+        };
+        let all = [
+            facts("m", "anthropic"),
+            facts("m", "bedrock"),
+            facts("m2", "anthropic"),
+            facts(r#"m","kind":"bedrock"#, "anthropic"),
+            facts("", "anthropic"),
+        ];
+        for a in &all {
+            for b in &all {
+                let same = a.model == b.model && a.kind == b.kind;
+                assert_eq!(b.encode().starts_with(&a.identity()), same, "{a:?} / {b:?}");
+            }
         }
     }
 }
