@@ -157,18 +157,19 @@ impl RequestFilter {
         self.finish(s, true)
     }
 
-    /// Once the model's value has arrived, and a long announced rest has not, write the
-    /// model edit into Envoy's buffer now, while it holds only the body so far.
+    /// Once the model's value has arrived in a long body that has not all arrived, write
+    /// the model edit into Envoy's buffer now, while the model is in the piece in hand.
     ///
-    /// Why: this ABI can drain a body's front and append at its end but not prepend, so an
-    /// edit of the head made at the end copies the whole body back into Envoy (a megabyte
-    /// for a long conversation). Made when the model arrives (in the first piece when it
-    /// is the first field, as coding tools send it), it copies only what has arrived, and
-    /// the pieces after it are buffered by Envoy untouched. The target comes from the same
-    /// pipeline step the end runs; the end checks it got the same edit
-    /// ([`end_write`]) and rewrites the body in full if not (a kill or a policy change in
-    /// between, or a refusal). A step that refuses here refuses nothing: the end decides,
-    /// in its own order (an invalid body is a 400 before an unknown model is).
+    /// Why: this ABI can drain a body's front and append at its end but not prepend, so
+    /// an edit of the head made once the model has moved into Envoy's buffered part
+    /// rewrites that part ([`body_edit`]): for a long conversation, most of the body.
+    /// Made when the model arrives (in the first piece when it is the first field, as
+    /// coding tools send it), it writes only the edited head, and the pieces after it are
+    /// buffered by Envoy untouched. The target comes from the same pipeline step the end
+    /// runs; the end checks it got the same edit ([`end_write`]) and rewrites the body in
+    /// full if not (a kill or a policy change in between, or a refusal). A step that
+    /// refuses here refuses nothing: the end decides, in its own order (an invalid body is
+    /// a 400 before an unknown model is).
     fn edit_early(&mut self, s: Stream) {
         if self.early_tried {
             return;
@@ -181,12 +182,9 @@ impl RequestFilter {
             return;
         }
         self.early_tried = true;
-        // Only when the announced rest is long: a body sent in one go, or without a
-        // length (chunked), is left to the end, which saves the pipeline's second run.
-        let arrived = u64::try_from(self.body.len()).unwrap_or(u64::MAX);
-        let rest =
-            pipeline::content_length(&self.headers).map(|total| total.saturating_sub(arrived));
-        if rest.is_none_or(|rest| rest < EARLY_EDIT_MIN_REST) {
+        // Only for a long announced body: a short one, or one without a length (chunked),
+        // is left to the end, which saves the pipeline's second run.
+        if pipeline::content_length(&self.headers).is_none_or(|total| total < EARLY_EDIT_MIN_BODY) {
             return;
         }
         let snap = self.plugin.effective();
@@ -293,9 +291,10 @@ impl RequestFilter {
     }
 }
 
-/// The least announced body still to come for which [`RequestFilter::edit_early`] edits
-/// before the end: the copy it saves (the rest) must outweigh running the pipeline twice.
-const EARLY_EDIT_MIN_REST: u64 = 64 * 1024;
+/// The least announced body length for which [`RequestFilter::edit_early`] edits before
+/// the end: the copy it saves (what Envoy buffered before the last piece) must outweigh
+/// running the pipeline twice.
+const EARLY_EDIT_MIN_BODY: u64 = 64 * 1024;
 
 /// What the end of the body writes into Envoy's buffer, given the edit written while the
 /// body arrived (`early`) and the one the end wants (`wanted`).
