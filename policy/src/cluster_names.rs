@@ -305,7 +305,9 @@ impl EndpointFacts {
     /// How [`EndpointFacts::encode`]'s value starts: its model and kind, the two facts an
     /// attempt that passes a request on unchanged depends on. The per-attempt stage
     /// compares this with the endpoint's value instead of decoding it on the common first
-    /// attempt.
+    /// attempt. If the stage's plan ever reads another field to decide whether to change
+    /// a request, that field belongs here too (halo-filter's `attempt` tests check the
+    /// shortcut against the plan).
     pub fn identity(&self) -> String {
         let mut out = Vec::new();
         self.write_identity(&mut out);
