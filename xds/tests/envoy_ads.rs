@@ -35,17 +35,24 @@ impl ControlPlane {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
-            .expect("bind the ADS port");
+        // A restarted control plane binds the port its predecessor had: wait (bounded)
+        // until the kernel has let it go.
+        let listener = wait_until("the ADS port to be free", WAIT, || {
+            match rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))) {
+                Ok(listener) => Some(listener),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => None,
+                Err(e) => panic!("bind the ADS port {port}: {e}"),
+            }
+        });
         rt.spawn(halo_xds::serve(listener, cache.clone()));
         ControlPlane { rt: Some(rt) }
     }
 
-    /// Kill it as a crash would: every task and socket goes at once.
+    /// Kill it as a crash would: every task and socket goes at once. Returns once they
+    /// are gone (the listener closed), so a restart can bind the same port.
     fn kill(&mut self) {
         if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
+            rt.shutdown_timeout(Duration::from_secs(5));
         }
     }
 }
