@@ -25,6 +25,8 @@ pub struct RequestFilter {
     pending: Option<Pending>,
     /// The request headers as they reached this filter, names lowercase.
     headers: Vec<(String, String)>,
+    /// The body length the client announced (`content-length`), read once.
+    announced: Option<u64>,
     /// The body received so far, copied piece by piece as it arrives so the scan runs
     /// while the upload does.
     body: Vec<u8>,
@@ -44,6 +46,7 @@ impl RequestFilter {
             plugin,
             pending: None,
             headers: Vec::new(),
+            announced: None,
             body: Vec::new(),
             scan: None,
             early_edit: None,
@@ -78,6 +81,7 @@ impl RequestFilter {
         let head = Head::new(&headers, peer, claims);
         self.removals = hygiene::removals(cfg, &headers);
         let head_result = pipeline::on_head(cfg, &head);
+        self.announced = pipeline::content_length(&headers);
         self.headers = headers;
         match head_result {
             Err(reply) => self.reply(s, reply),
@@ -131,19 +135,15 @@ impl RequestFilter {
             self.body.clear();
         }
         if self.body.is_empty() {
-            self.body.reserve_exact(first_reservation(
-                pipeline::content_length(&self.headers),
-                received,
-                max,
-            ));
+            self.body
+                .reserve_exact(first_reservation(self.announced, received, max));
         }
         s.copy_request_body(Body::Received, &mut self.body);
         // All the announced bytes are here, though Envoy has not said the body ended
         // (HTTP/1 ends it with an empty piece of its own): finish now, while this piece is
         // still apart from what Envoy buffered, so the edit copies only the head
         // ([`body_edit`]); the empty end then passes through.
-        let complete =
-            pipeline::content_length(&self.headers) == u64::try_from(self.body.len()).ok();
+        let complete = self.announced == u64::try_from(self.body.len()).ok();
         if !end_of_stream && !complete {
             if let Some(scan) = self.scan.as_mut()
                 && scan.feed(&self.body).is_err()
@@ -183,8 +183,11 @@ impl RequestFilter {
         }
         self.early_tried = true;
         // Only for a long announced body: a short one, or one without a length (chunked),
-        // is left to the end, which saves the pipeline's second run.
-        if pipeline::content_length(&self.headers).is_none_or(|total| total < EARLY_EDIT_MIN_BODY) {
+        // waits until it is complete, which saves the pipeline's second run.
+        if self
+            .announced
+            .is_none_or(|total| total < EARLY_EDIT_MIN_BODY)
+        {
             return;
         }
         let snap = self.plugin.effective();
@@ -233,23 +236,17 @@ impl RequestFilter {
             // An edit that writes back the bytes received (the alias is the provider's
             // model id) is no edit: the body stays in Envoy's buffer as it came.
             let wanted = forward.body.as_ref().filter(|edit| !edit.keeps(body));
-            // Envoy's buffers still hold the body as received unless the early edit
-            // wrote into them; after it, only a whole replacement is sure.
-            match (
-                end_write(self.early_edit.as_ref(), wanted),
-                &self.early_edit,
-            ) {
-                (EndWrite::Nothing, _) => {}
-                (EndWrite::Edit(edit), None) => body_edit::write(s, edit, body),
-                (EndWrite::Edit(edit), Some(_)) => body_edit::replace(s, edit, body),
-                (EndWrite::Original, _) => body_edit::replace(s, &PrefixEdit::default(), body),
+            match end_write(self.early_edit.as_ref(), wanted) {
+                EndWrite::Nothing => {}
+                EndWrite::Edit(edit) => body_edit::write(s, edit, body),
+                EndWrite::Replace(edit) => body_edit::replace(s, edit, body),
+                EndWrite::Original => body_edit::replace(s, &PrefixEdit::default(), body),
             }
             if let Some(edit) = &forward.body
                 && edit.prefix.len() != edit.drop
             {
                 let new_length = edit.prefix.len() + body.len() - edit.drop.min(body.len());
-                let length =
-                    pipeline::content_length(&self.headers).map(|_| new_length.to_string());
+                let length = self.announced.map(|_| new_length.to_string());
                 s.set_request_header("content-length", length.as_deref());
             }
         }
@@ -302,8 +299,11 @@ const EARLY_EDIT_MIN_BODY: u64 = 64 * 1024;
 enum EndWrite<'a> {
     /// Envoy's buffer already holds what should go upstream.
     Nothing,
-    /// Replace everything with this edit of the body as received.
+    /// Write this edit into Envoy's buffer, which still holds the body as received.
     Edit(&'a PrefixEdit),
+    /// Replace everything with this edit of the body as received: the early edit wrote
+    /// another one, so Envoy's buffer no longer holds the body as received.
+    Replace(&'a PrefixEdit),
     /// Replace everything with the body as received (an early edit is to be undone).
     Original,
 }
@@ -312,7 +312,8 @@ fn end_write<'a>(early: Option<&PrefixEdit>, wanted: Option<&'a PrefixEdit>) -> 
     match (early, wanted) {
         (None, None) => EndWrite::Nothing,
         (Some(early), Some(wanted)) if early == wanted => EndWrite::Nothing,
-        (_, Some(wanted)) => EndWrite::Edit(wanted),
+        (None, Some(wanted)) => EndWrite::Edit(wanted),
+        (Some(_), Some(wanted)) => EndWrite::Replace(wanted),
         (Some(_), None) => EndWrite::Original,
     }
 }
@@ -347,7 +348,7 @@ mod tests {
         // Not written early (a body in one piece): the end writes it.
         assert_eq!(end_write(None, Some(&a)), EndWrite::Edit(&a));
         // The decision changed between (a kill): the end's edit replaces the early one.
-        assert_eq!(end_write(Some(&a), Some(&b)), EndWrite::Edit(&b));
+        assert_eq!(end_write(Some(&a), Some(&b)), EndWrite::Replace(&b));
         // The end wants the body as sent: the early edit is undone.
         assert_eq!(end_write(Some(&a), None), EndWrite::Original);
     }

@@ -366,10 +366,12 @@ async fn main() {
                 row(&label, baseline.label(), &r);
                 base.push(r);
             }
+            // Baseline::ALL's order: bare first, read in full + failover last.
+            let (bare_r, floor_r) = (&base[0], &base[2]);
             floor_vs_bare.push((
-                base[2].rps / base[0].rps,
-                base[2].p50_us - base[0].p50_us,
-                base[2].cpu_us - base[0].cpu_us,
+                floor_r.rps / bare_r.rps,
+                floor_r.p50_us - bare_r.p50_us,
+                floor_r.cpu_us - bare_r.cpu_us,
             ));
             for (i, (name, gw)) in gateways.iter().enumerate() {
                 let halo_r = load(
@@ -382,7 +384,6 @@ async fn main() {
                 )
                 .await;
                 row(&label, name, &halo_r);
-                let (bare_r, floor_r) = (&base[0], &base[2]);
                 vs_bare[i].push((
                     halo_r.rps / bare_r.rps,
                     halo_r.p50_us - bare_r.p50_us,
