@@ -231,6 +231,11 @@ impl Envoy {
         dumps.into_iter().map(|(_, p)| p).collect()
     }
 
+    /// Pin every Envoy thread to CPU `cpu` ([`crate::cpu::pin_process`]).
+    pub fn pin_to_cpu(&self, cpu: usize) -> std::io::Result<()> {
+        crate::cpu::pin_process(self.child.id(), cpu)
+    }
+
     /// CPU time the Envoy process has used so far, all threads, from the scheduler's
     /// per-task nanosecond counters (`/proc/<pid>/task/*/schedstat`; Linux only, `None`
     /// elsewhere). Benchmarks divide its growth by the requests served: unlike latency on a

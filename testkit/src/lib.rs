@@ -7,6 +7,7 @@
 //! a fake OIDC identity provider ([`oidc::FakeIssuer`]); feature `google` a fake Google
 //! token endpoint, metadata server and Vertex ([`google`], tokio and axum).
 
+pub mod cpu;
 pub mod envoy;
 #[cfg(feature = "es256")]
 pub mod es256;

@@ -9,10 +9,23 @@
 //! Run: `cargo bench -p halo-e2e --bench gateway` (after building both filter builds:
 //! `cargo build -p halo-filter --target wasm32-unknown-unknown --release` and
 //! `cargo build -p halo-filter-native --release`).
-//! Knobs: HALO_BENCH_SECS (default 5), HALO_BENCH_CONNS (default 4), HALO_BENCH_SIZES
-//! (KiB, comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the filter alone, no
-//! jwt_authn), HALO_BENCH_REPS (interleaved repetitions of each cell, with the median;
-//! default 1), HALO_BENCH_BUILDS (`wasm,native` by default).
+//!
+//! How it times (the paired mode, the default): each Envoy compared with the bare one runs
+//! beside it, and one loop sends a request to each in turn, on one keep-alive connection
+//! each, alternating which goes first. The added latency is the median of the per-pair
+//! differences, with a 95% confidence interval; requests/s is each side's one-connection
+//! closed-loop rate. Every Envoy is pinned to one CPU and this process (the load generator
+//! and the upstream) to another. Why: on a small shared machine the speed of the whole
+//! machine drifts by tens of percent between runs seconds apart, which separate runs of
+//! each Envoy cannot tell from the filter; a pair's two requests run within a millisecond
+//! of each other and see the same machine. A second bare Envoy compared with the first
+//! shows the method's zero.
+//!
+//! Knobs: HALO_BENCH_SECS (default 5 per comparison), HALO_BENCH_SIZES (KiB,
+//! comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the filter alone, no
+//! jwt_authn), HALO_BENCH_BUILDS (`wasm,native` by default). HALO_BENCH_LOAD=1 also runs
+//! the closed-loop load table (each Envoy in turn, HALO_BENCH_CONNS connections, default
+//! 4; HALO_BENCH_REPS interleaved repetitions with medians, default 1).
 //!
 //! `HALO_BENCH_CALLGRIND=<requests>` counts instead of timing: every Envoy runs under
 //! valgrind's callgrind and the bench reports the instructions Envoy executes per request
@@ -109,6 +122,152 @@ async fn load(
         p50_us: pct(0.50),
         p99_us: pct(0.99),
         cpu_us: cpu.as_secs_f64() * 1e6 / all.len() as f64,
+    }
+}
+
+/// One side-by-side comparison ([the paired mode](self)): the latencies of requests sent
+/// alternately to a reference Envoy and to another one.
+struct Paired {
+    /// Per pair: the other Envoy's latency minus the reference's, in microseconds.
+    added_us: Vec<f64>,
+    reference_us: Vec<f64>,
+    other_us: Vec<f64>,
+}
+
+/// Send the same request to `reference` and to `other` in turn, on one keep-alive
+/// connection each, for `secs` seconds after a one-second warm-up; which goes first
+/// alternates, so neither side always runs just after the other.
+async fn paired(
+    reference: &str,
+    other: &str,
+    auth: Option<&str>,
+    body: &[u8],
+    secs: u64,
+) -> Paired {
+    let client = || {
+        halo_e2e::client_builder()
+            .pool_max_idle_per_host(1)
+            .build()
+            .expect("client")
+    };
+    let (reference_client, other_client) = (client(), client());
+    let send = |client: &reqwest::Client, url: &str| {
+        let mut req = client.post(url).body(body.to_vec());
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        async move {
+            let t = Instant::now();
+            let resp = req.send().await.expect("send");
+            assert_eq!(resp.status().as_u16(), 200, "bench request failed");
+            let _ = resp.bytes().await.expect("body");
+            t.elapsed().as_secs_f64() * 1e6
+        }
+    };
+    let mut out = Paired {
+        added_us: Vec::new(),
+        reference_us: Vec::new(),
+        other_us: Vec::new(),
+    };
+    for (phase, dur) in [(0, 1), (1, secs)] {
+        let end = Instant::now() + Duration::from_secs(dur);
+        let mut k = 0u64;
+        // At least one pair, so every statistic has a sample.
+        while k == 0 || Instant::now() < end {
+            let (r, o) = if k.is_multiple_of(2) {
+                let r = send(&reference_client, reference).await;
+                (r, send(&other_client, other).await)
+            } else {
+                let o = send(&other_client, other).await;
+                (send(&reference_client, reference).await, o)
+            };
+            k += 1;
+            if phase == 1 {
+                out.added_us.push(o - r);
+                out.reference_us.push(r);
+                out.other_us.push(o);
+            }
+        }
+    }
+    out
+}
+
+impl Paired {
+    /// The median added latency and its 95% confidence interval, from order statistics
+    /// (no assumption about the distribution).
+    fn added(&self) -> (f64, f64, f64) {
+        let mut d = self.added_us.clone();
+        d.sort_by(f64::total_cmp);
+        let n = d.len();
+        let k = ((n as f64 - 1.96 * (n as f64).sqrt()) / 2.0)
+            .floor()
+            .max(0.0) as usize;
+        (d[n / 2], d[k.min(n - 1)], d[(n - 1).saturating_sub(k)])
+    }
+
+    /// The other Envoy's one-connection requests/s over the reference's.
+    fn rate_ratio(&self) -> f64 {
+        self.reference_us.iter().sum::<f64>() / self.other_us.iter().sum::<f64>()
+    }
+
+    fn print(&self, size: &str, what: &str) {
+        let pct = |v: &[f64], p: f64| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
+        };
+        let (median, low, high) = self.added();
+        println!(
+            "{size:>7}  {what:<38} p50 {:>5.0} -> {:>5.0} us, added {median:>+5.0} us (95% CI {low:+.0} .. {high:+.0}), p99 {:>5.0} -> {:>5.0} us, {:.2}x requests/s, {} pairs",
+            pct(&self.reference_us, 0.5),
+            pct(&self.other_us, 0.5),
+            pct(&self.reference_us, 0.99),
+            pct(&self.other_us, 0.99),
+            self.rate_ratio(),
+            self.added_us.len(),
+        );
+    }
+
+    /// Item 11's targets at this size, if it has any: met, not met, or within the
+    /// interval's reach (the interval straddles the bound).
+    fn verdict(&self, kib: usize, what: &str) {
+        let (median, low, high) = self.added();
+        let p50_bound = match kib {
+            4 => 50.0,
+            1024 => 500.0,
+            _ => return,
+        };
+        let p50 = if high <= p50_bound {
+            "met"
+        } else if low > p50_bound {
+            "not met"
+        } else {
+            "not decided (the interval contains the bound)"
+        };
+        let mut line = format!("{what}: added p50 <= {p50_bound:.0} us: {p50} ({median:+.0} us)");
+        if kib == 4 {
+            let ratio = self.rate_ratio();
+            let rate = if ratio >= 0.9 { "met" } else { "not met" };
+            line.push_str(&format!("; >= 0.90x requests/s: {rate} ({ratio:.2}x)"));
+        }
+        println!("           target {line}");
+    }
+}
+
+/// Pin this process (the load generator and the upstream) to CPU 0 and every Envoy to
+/// CPU 1, when there are two CPUs to pin to. Says what it did.
+fn pin(envoys: &[&Envoy]) {
+    if halo_testkit::cpu::available() < 2 {
+        println!("one CPU: nothing pinned");
+        return;
+    }
+    let pinned = halo_testkit::cpu::pin_process(std::process::id(), 0)
+        .and_then(|()| envoys.iter().try_for_each(|e| e.pin_to_cpu(1)));
+    match pinned {
+        Ok(()) => {
+            println!("pinned: every Envoy on CPU 1, the load generator and the upstream on CPU 0")
+        }
+        Err(e) => println!("not pinned ({e}): expect more noise"),
     }
 }
 
@@ -330,11 +489,46 @@ async fn main() {
         )
     };
     let baselines: Vec<_> = Baseline::ALL.into_iter().map(start_bare).collect();
+    // A second bare Envoy: compared with the first, the paired mode's zero.
+    let (_, bare_again, bare_again_url) = start_bare(Baseline::Bare);
     let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
     let reps: usize = std::env::var("HALO_BENCH_REPS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
+    let mut envoys: Vec<&Envoy> = baselines.iter().map(|(_, e, _)| e).collect();
+    envoys.push(&bare_again);
+    envoys.extend(gateways.iter().map(|(_, gw)| &gw.envoy));
+    pin(&envoys);
+
+    let bare_url = &baselines[0].2;
+    println!(
+        "Paired: Envoy 1.40, one worker each, one keep-alive connection to each, {secs} s per comparison, each request to the bare Envoy paired with one to the other"
+    );
+    for kib in sizes_kib() {
+        let label = size_label(kib);
+        let b = body(kib * 1024);
+        paired(bare_url, &bare_again_url, None, &b, secs)
+            .await
+            .print(&label, "bare Envoy vs itself (the zero)");
+        for (baseline, _, url) in &baselines[1..] {
+            paired(bare_url, url, None, &b, secs)
+                .await
+                .print(&label, &format!("{} vs bare", baseline.label()));
+        }
+        for (name, gw) in &gateways {
+            let url = format!("{}/v1/messages", gw.base);
+            let result = paired(bare_url, &url, Some(&token), &b, secs).await;
+            result.print(&label, &format!("{name} vs bare"));
+            result.verdict(kib, name);
+        }
+    }
+    if std::env::var_os("HALO_BENCH_LOAD").is_none() {
+        drop(baselines);
+        micro_rewrite();
+        return;
+    }
+    println!();
 
     println!(
         "Envoy 1.40, one worker each, {conns} keep-alive connections, {secs} s per cell, closed loop, {reps} interleaved rep(s); cpu = Envoy's CPU per request"
@@ -346,11 +540,7 @@ async fn main() {
         );
     };
     for kib in sizes_kib() {
-        let label = if kib >= 1024 && kib % 1024 == 0 {
-            format!("{} MB", kib / 1024)
-        } else {
-            format!("{kib} KB")
-        };
+        let label = size_label(kib);
         let b = body(kib * 1024);
         // Per build, per rep: (rps ratio, +p50, +cpu) against bare, and (+p50, +cpu)
         // against the floor.
@@ -507,6 +697,14 @@ fn count(envoy: &Envoy, url: &str, auth: Option<&str>, body: &[u8], requests: us
             .expect("callgrind counted nothing (is valgrind installed?)");
         total as f64 / requests as f64
     })
+}
+
+fn size_label(kib: usize) -> String {
+    if kib >= 1024 && kib.is_multiple_of(1024) {
+        format!("{} MB", kib / 1024)
+    } else {
+        format!("{kib} KB")
+    }
 }
 
 fn median(values: &mut [f64]) -> f64 {
