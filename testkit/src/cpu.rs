@@ -59,14 +59,56 @@ fn pin_thread(tid: libc::pid_t, cpu: usize) -> io::Result<()> {
     }
 }
 
-/// How many CPUs this process may run on.
-pub fn available() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// The CPUs this process may run on, lowest first: the scheduler's affinity mask, which
+/// a container's cpuset narrows (the CPUs need not be 0 and 1). Linux only; elsewhere
+/// `Unsupported`.
+pub fn allowed() -> io::Result<Vec<usize>> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `set` is a plain bit set owned here; sched_getaffinity writes at most
+        // its size, and CPU_ISSET reads inside it (indices below CPU_SETSIZE).
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((0..libc::CPU_SETSIZE as usize)
+                .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
+                .collect())
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "CPU affinity is Linux-only",
+        ))
+    }
 }
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_may_run_on_the_cpus_the_kernel_lists() {
+        let cpus = allowed().expect("affinity");
+        let status = std::fs::read_to_string("/proc/self/status").expect("read status");
+        let listed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(str::trim)
+            .expect("Cpus_allowed_list");
+        // The kernel's list is ranges ("0-1,4"): expand it.
+        let mut expected = Vec::new();
+        for part in listed.split(',') {
+            let (low, high) = part.split_once('-').unwrap_or((part, part));
+            let (low, high): (usize, usize) =
+                (low.parse().expect("cpu"), high.parse().expect("cpu"));
+            expected.extend(low..=high);
+        }
+        assert_eq!(cpus, expected);
+    }
 
     #[test]
     fn a_pinned_child_runs_only_on_its_cpu() {

@@ -15,11 +15,11 @@
 //! each, alternating which goes first. The added latency is the median of the per-pair
 //! differences, with a 95% confidence interval; requests/s is each side's one-connection
 //! closed-loop rate. Every Envoy is pinned to one CPU and this process (the load generator
-//! and the upstream) to another. Why: on a small shared machine the speed of the whole
-//! machine drifts by tens of percent between runs seconds apart, which separate runs of
-//! each Envoy cannot tell from the filter; a pair's two requests run within a millisecond
-//! of each other and see the same machine. A second bare Envoy compared with the first
-//! shows the method's zero.
+//! and the upstream) to another: the first two CPUs the process may run on. Why: on a
+//! small shared machine the speed of the whole machine drifts by tens of percent between
+//! runs seconds apart, which separate runs of each Envoy cannot tell from the filter; a
+//! pair's two requests run within a millisecond of each other and see the same machine.
+//! A second bare Envoy compared with the first shows the method's zero.
 //!
 //! Knobs: HALO_BENCH_SECS (default 5 per comparison), HALO_BENCH_SIZES (KiB,
 //! comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the filter alone, no
@@ -254,19 +254,27 @@ impl Paired {
     }
 }
 
-/// Pin this process (the load generator and the upstream) to CPU 0 and every Envoy to
-/// CPU 1, when there are two CPUs to pin to. Says what it did.
+/// Pin this process (the load generator and the upstream) to the first CPU it may run on
+/// and every Envoy to the second, when there are two. Says what it did.
 fn pin(envoys: &[&Envoy]) {
-    if halo_testkit::cpu::available() < 2 {
-        println!("one CPU: nothing pinned");
-        return;
-    }
-    let pinned = halo_testkit::cpu::pin_process(std::process::id(), 0)
-        .and_then(|()| envoys.iter().try_for_each(|e| e.pin_to_cpu(1)));
-    match pinned {
-        Ok(()) => {
-            println!("pinned: every Envoy on CPU 1, the load generator and the upstream on CPU 0")
+    let cpus = match halo_testkit::cpu::allowed() {
+        Ok(cpus) if cpus.len() >= 2 => cpus,
+        Ok(_) => {
+            println!("one CPU: nothing pinned");
+            return;
         }
+        Err(e) => {
+            println!("not pinned ({e}): expect more noise");
+            return;
+        }
+    };
+    let (generator, gateways) = (cpus[0], cpus[1]);
+    let pinned = halo_testkit::cpu::pin_process(std::process::id(), generator)
+        .and_then(|()| envoys.iter().try_for_each(|e| e.pin_to_cpu(gateways)));
+    match pinned {
+        Ok(()) => println!(
+            "pinned: every Envoy on CPU {gateways}, the load generator and the upstream on CPU {generator}"
+        ),
         Err(e) => println!("not pinned ({e}): expect more noise"),
     }
 }
