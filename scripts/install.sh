@@ -35,6 +35,27 @@ if ! command -v kubectl >/dev/null 2>&1; then
   apt-get install -y -qq kubectl >/dev/null 2>&1 || apt-get install -y -qq kubernetes-client >/dev/null
 fi
 
+# The real coding tools the live tests drive (scripts/harnesses.txt: pinned versions),
+# each in its own cache directory, installed once: ${HALO_HARNESS_CACHE:-~/.cache/halos/harnesses}/<harness>-<version>.
+# A directory is only used once `npm install` finished in it (the .installed marker), so an
+# interrupted install is retried, never half used.
+if ! command -v npm >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq nodejs npm >/dev/null
+fi
+HARNESS_CACHE="${HALO_HARNESS_CACHE:-${HOME}/.cache/halos/harnesses}"
+while read -r harness package version command; do
+  case "$harness" in ''|'#'*) continue ;; esac
+  dir="${HARNESS_CACHE}/${harness}-${version}"
+  if [ ! -e "${dir}/.installed" ] || [ ! -x "${dir}/node_modules/.bin/${command}" ]; then
+    rm -rf "${dir}"
+    mkdir -p "${dir}"
+    npm install --prefix "${dir}" --no-audit --no-fund --loglevel=error --no-save "${package}@${version}" >/dev/null
+    touch "${dir}/.installed"
+  fi
+done < "$(dirname "$0")/harnesses.txt"
+
 # The filter module Envoy loads (halo-demo and the end-to-end tests read it from
 # target/wasm32-unknown-unknown/release); cargo does nothing when it is up to date.
 (cd "$(dirname "$0")/.." && cargo build --locked -q -p halo-filter --target wasm32-unknown-unknown --release)

@@ -6,6 +6,8 @@
 //! sleep. Blocking std only, so any test (sync or tokio) can use it. Feature `oidc` adds
 //! a fake OIDC identity provider ([`oidc::FakeIssuer`]); feature `google` a fake Google
 //! token endpoint, metadata server and Vertex ([`google`], tokio and axum).
+//! Feature `provider` adds a model provider speaking every wire ([`provider`]).
+//! [`harness`] finds the pinned real coding tools and runs one with a release's files.
 
 pub mod cpu;
 pub mod envoy;
@@ -13,10 +15,15 @@ pub mod envoy;
 pub mod es256;
 #[cfg(feature = "google")]
 pub mod google;
+pub mod harness;
 pub mod http;
 #[cfg(feature = "oidc")]
 pub mod oidc;
+#[cfg(feature = "provider")]
+pub mod provider;
 pub mod registry;
+#[cfg(feature = "sigv4")]
+pub mod sigv4;
 
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -1,0 +1,385 @@
+//! The real coding tools through the gateway (issue 28): Claude Code, Codex and Gemini
+//! CLI at the versions scripts/install.sh pins (halo_testkit::harness), each run once
+//! non-interactively through a real Envoy with the built filter (scripts/test.sh runs
+//! this file with both builds), configured only by the files halo-release's `build_ring`
+//! (what `halo release build` writes) renders for the ring, laid at their real /etc paths.
+//!
+//! Each run checks: exit 0, the answer printed, the provider saw the policy's model id
+//! for the alias, and no credential of the developer reached it (only the gateway's own
+//! key). The developer's token comes from the release's helper command,
+//! `halo auth token --audience api://halos`: a stand-in `halo` script on PATH prints a
+//! token of the test issuer (the real command is engineer `auth`'s work in progress).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use halo_e2e::{AUDIENCE, Gateway, GatewayOptions, Issuer};
+use halo_release::adapters::Os;
+use halo_testkit::harness::{self, Output, Pinned, Run};
+use halo_testkit::provider::{Received, WireProvider};
+
+const ANTHROPIC_KEY: &str = "sk-ant-gateway-own-7c1";
+const OPENAI_KEY: &str = "sk-openai-gateway-own-2b9";
+const GEMINI_KEY: &str = "gemini-gateway-own-5d4";
+/// The developer's user.
+const USER: &str = "dev@acme.test";
+/// The provider's answer starts so (halo_testkit::provider).
+const ANSWER: &str = "Hello from the Halos demo provider.";
+/// One harness run may take this long (a cold start of Gemini CLI is ~10 s here).
+const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Alias -> the policy's model id for it.
+const MODELS: [(&str, &str); 6] = [
+    ("sonnet", "claude-sonnet-4-5-20250929"),
+    ("opus", "claude-opus-4-1-20250805"),
+    ("haiku", "claude-haiku-4-5-20251001"),
+    ("fable", "claude-fable-test-20260101"),
+    ("gpt", "gpt-5-codex"),
+    ("gemini-pro", "gemini-2.5-pro"),
+];
+
+fn model_id(alias: &str) -> &'static str {
+    MODELS
+        .iter()
+        .find(|(a, _)| *a == alias)
+        .map(|(_, m)| *m)
+        .expect("an alias of the test policy")
+}
+
+/// The test policy as a policy directory: one ring, one profile pinning the installed
+/// harnesses, every Claude Code family an alias.
+fn write_policy(dir: &Path, issuer: &str, provider: &str) {
+    let cc = harness::pinned_for("claude-code");
+    let codex = harness::pinned_for("codex");
+    let gemini = harness::pinned_for("gemini-cli");
+    let models: String = MODELS
+        .iter()
+        .map(|(alias, id)| {
+            let upstream = match *alias {
+                "gpt" => "openai",
+                "gemini-pro" => "gemini",
+                _ => "anthropic",
+            };
+            format!("  {alias}:\n    upstream: {upstream}\n    model: {id}\n")
+        })
+        .collect();
+    let files = [
+        (
+            "halos.yaml",
+            format!(
+                "apiVersion: halos.dev/v1\norg: harness-org\nidentity:\n  issuer: {issuer}\n  clientID: harness-tests\n  audience: {AUDIENCE}\n  adminGroups: [halos-admins]\n  claims:\n    user: email\n    groups: groups\n"
+            ),
+        ),
+        (
+            "gateway.yaml",
+            format!(
+                "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience {AUDIENCE}\nupstreams:\n  anthropic:\n    url: {provider}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  openai:\n    url: {provider}\n    kind: openai\n    credential:\n      env: HALO_TEST_OPENAI_KEY\n  gemini:\n    url: {provider}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\nmodels:\n{models}"
+            ),
+        ),
+        (
+            "profile.yaml",
+            format!(
+                "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nharnesses:\n  claude-code:\n    version: {}\n    model: sonnet\n  codex:\n    version: {}\n    model: gpt\n  gemini-cli:\n    version: {}\n    model: gemini-pro\nmodels: [sonnet, opus, haiku, fable, gpt, gemini-pro]\n",
+                cc.version, codex.version, gemini.version
+            ),
+        ),
+        (
+            "rings.yaml",
+            "apiVersion: halos.dev/v1\nkind: Ring\nname: general\norder: 0\nprofile: dev\nmembership:\n  default: true\n".to_string(),
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).expect("write a policy file");
+    }
+}
+
+struct Fixture {
+    /// Envoy, kept running for the fixture's life.
+    _gw: Gateway,
+    provider: WireProvider,
+    issuer: Issuer,
+    /// The ring's release: (path, content) of every linux file.
+    release: Vec<(String, Vec<u8>)>,
+    /// Holds the `halo` stand-in and the tokens it prints.
+    bin: tempfile::TempDir,
+    _policy: tempfile::TempDir,
+}
+
+async fn fixture() -> Fixture {
+    let issuer = Issuer::start().await;
+    let provider = WireProvider::start(true).await.expect("the provider");
+    let policy = tempfile::tempdir().expect("policy dir");
+    write_policy(policy.path(), &issuer.url, &provider.url());
+    let mut org = halo_policy::load::load_dir(policy.path()).expect("the test policy loads");
+    // Clean but for the https rules the loopback fakes break; every Claude Code family
+    // is mapped (no `unmapped-model` warning).
+    let issues: Vec<_> = halo_policy::validate::validate(&org)
+        .into_iter()
+        .filter(|i| {
+            !(matches!(i.rule.as_str(), "guardCredentialedHttps" | "guardIdentity")
+                && i.message.contains("https"))
+        })
+        .collect();
+    assert!(issues.is_empty(), "the test policy has issues: {issues:#?}");
+    let env = vec![
+        (
+            "HALO_TEST_ANTHROPIC_KEY".to_string(),
+            Some(ANTHROPIC_KEY.to_string()),
+        ),
+        ("HALO_TEST_OPENAI_KEY".into(), Some(OPENAI_KEY.into())),
+        ("HALO_TEST_GEMINI_KEY".into(), Some(GEMINI_KEY.into())),
+    ];
+    let gw = Gateway::start(
+        halo_policy::compile(&org),
+        GatewayOptions {
+            // The provider listens on loopback: let it receive the gateway's keys.
+            settings: serde_json::json!({"upstreamHosts": ["127.0.0.1"]}),
+            env,
+            ..GatewayOptions::default()
+        },
+    );
+    // The release points harnesses at this gateway.
+    org.gateway.base_url = gw.base.clone();
+    let build = halo_release::build::build_ring(&org, "general").expect("the release builds");
+    let ring = &build.ring;
+    let release = ring
+        .manifest
+        .files
+        .iter()
+        .filter(|f| f.os == Os::Linux)
+        .map(|f| (f.path.clone(), ring.blobs[&f.sha256].clone()))
+        .collect();
+    let bin = tempfile::tempdir().expect("bin dir");
+    Fixture {
+        _gw: gw,
+        provider,
+        issuer,
+        release,
+        bin,
+        _policy: policy,
+    }
+}
+
+impl Fixture {
+    /// Put a `halo` on PATH whose `auth token --audience api://halos` prints `tokens` in
+    /// turn (the last one from then on). Returns the directory and the file counting calls.
+    fn halo_stand_in(&self, tokens: &[String]) -> (PathBuf, PathBuf) {
+        let dir = self.bin.path().to_path_buf();
+        let calls = dir.join("calls");
+        let mut script = format!(
+            "#!/bin/sh\n# Stand-in for `halo auth token`: prints test tokens in turn.\n\
+             [ \"$1 $2 $3 $4\" = \"auth token --audience {AUDIENCE}\" ] || {{ echo \"halo stand-in: unexpected $*\" >&2; exit 2; }}\n\
+             n=$(cat '{calls}' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '{calls}'\n",
+            calls = calls.display()
+        );
+        for (i, token) in tokens.iter().enumerate() {
+            let cond = if i + 1 == tokens.len() {
+                "true".to_string()
+            } else {
+                format!("[ $n -eq {} ]", i + 1)
+            };
+            script.push_str(&format!("if {cond}; then echo '{token}'; exit 0; fi\n"));
+        }
+        let path = dir.join("halo");
+        std::fs::write(&path, script).expect("write halo stand-in");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod halo stand-in");
+        let _ = std::fs::remove_file(&calls);
+        (dir, calls)
+    }
+
+    fn token(&self) -> String {
+        self.issuer.token(USER, &[])
+    }
+
+    /// Run a harness with the release's files, the quiet switches and `halo` on PATH.
+    async fn run(&self, pinned: &Pinned, program: PathBuf, args: &[&str], path: PathBuf) -> Output {
+        let mut path_first = vec![path];
+        path_first.extend(pinned.binary().parent().map(Path::to_path_buf));
+        let run = Run {
+            program,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: pinned.quiet_env(),
+            path_first,
+            etc_files: self.release.clone(),
+            home_files: pinned.home_files(),
+            timeout: RUN_TIMEOUT,
+        };
+        let out = tokio::task::spawn_blocking(move || harness::run(&run))
+            .await
+            .expect("the harness run");
+        eprintln!(
+            "{}@{} ran {:?} ({} filter)",
+            pinned.harness,
+            pinned.version,
+            out.duration,
+            if halo_testkit::filter_is_native() {
+                "native"
+            } else {
+                "wasm"
+            }
+        );
+        out
+    }
+
+    /// The model calls the provider saw (not `GET .../models`).
+    fn calls(&self) -> Vec<Received> {
+        self.provider
+            .received()
+            .into_iter()
+            .filter(|r| r.method == "POST")
+            .collect()
+    }
+
+    /// No request the provider saw carries a developer token anywhere in its headers,
+    /// and each model call carries the gateway's own key.
+    fn assert_no_developer_credential(&self, tokens: &[String], key_header: &str, key: &str) {
+        let all = self.provider.received();
+        assert!(!all.is_empty(), "the provider saw nothing");
+        for r in &all {
+            for (name, value) in &r.headers {
+                for t in tokens {
+                    assert!(
+                        !value.contains(t.as_str()),
+                        "the developer's token reached the provider in {name} ({} {})",
+                        r.method,
+                        r.path
+                    );
+                }
+            }
+            if r.method != "POST" {
+                // Codex's `GET /v1/models` is forwarded without any key: fine here, it
+                // carries no developer credential either (checked above).
+                continue;
+            }
+            let sent = r.header(key_header).unwrap_or("");
+            assert!(
+                sent.ends_with(key),
+                "{} {}: {key_header} is not the gateway's own key",
+                r.method,
+                r.path
+            );
+        }
+    }
+}
+
+fn assert_answered(out: &Output, model: &str) {
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(
+        out.stdout.contains(ANSWER) && out.stdout.contains(model),
+        "the answer (naming {model}) is not printed: {}",
+        out.describe()
+    );
+}
+
+/// Claude Code: managed-settings.json (ANTHROPIC_BASE_URL, apiKeyHelper, the families).
+/// Once with the profile's model, then with each other family it resolves itself; the
+/// first token the helper prints has expired, so the gateway's 401 must make Claude
+/// Code run the helper again and retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_through_the_gateway_for_every_family() {
+    let f = fixture().await;
+    let cc = harness::pinned_for("claude-code");
+    let mut expired = f.issuer.claims(USER, &[]);
+    expired["exp"] = serde_json::json!(halo_e2e::now_unix() - 60);
+    let expired = f.issuer.mint(&expired);
+    let fresh = f.token();
+    let tokens = [expired.clone(), fresh.clone()];
+    let (path, helper_calls) = f.halo_stand_in(&tokens);
+
+    let mut seen = 0;
+    for (i, (family, args)) in [
+        ("sonnet", vec!["-p", "Say hello"]),
+        ("opus", vec!["-p", "Say hello", "--model", "opus"]),
+        ("haiku", vec!["-p", "Say hello", "--model", "haiku"]),
+        ("fable", vec!["-p", "Say hello", "--model", "fable"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = f.run(&cc, cc.binary(), &args, path.clone()).await;
+        assert_answered(&out, model_id(family));
+        if i == 0 {
+            // The expired token got a 401; the 200 came after the helper ran again.
+            let helper_runs: u32 = std::fs::read_to_string(&helper_calls)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            assert!(
+                helper_runs >= 2,
+                "the helper ran {helper_runs} time(s): no refresh after the 401"
+            );
+        }
+        let calls = f.calls();
+        let new = &calls[seen..];
+        seen = calls.len();
+        assert!(
+            !new.is_empty()
+                && new
+                    .iter()
+                    .all(|r| r.model().as_deref() == Some(model_id(family))),
+            "{family}: the provider saw {:?}, not only {}",
+            new.iter().map(Received::model).collect::<Vec<_>>(),
+            model_id(family)
+        );
+    }
+    f.assert_no_developer_credential(&tokens, "x-api-key", ANTHROPIC_KEY);
+}
+
+/// Codex: /etc/codex/managed_config.toml (the halos provider, wire responses, the
+/// helper as the provider's auth command).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_through_the_gateway() {
+    let f = fixture().await;
+    let codex = harness::pinned_for("codex");
+    let tokens = [f.token()];
+    let (path, _) = f.halo_stand_in(&tokens);
+    let out = f
+        .run(
+            &codex,
+            codex.binary(),
+            &["exec", "--skip-git-repo-check", "Say hello"],
+            path,
+        )
+        .await;
+    assert_answered(&out, model_id("gpt"));
+    let calls = f.calls();
+    assert!(
+        !calls.is_empty()
+            && calls
+                .iter()
+                .all(|r| r.model().as_deref() == Some(model_id("gpt"))),
+        "the provider saw {:?}",
+        calls.iter().map(Received::model).collect::<Vec<_>>()
+    );
+    f.assert_no_developer_credential(&tokens, "authorization", OPENAI_KEY);
+}
+
+/// Gemini CLI: /etc/gemini-cli/settings.json (the model, API-key auth) and the login
+/// shell's /etc/profile.d script (base URL, GEMINI_API_KEY from the helper), sourced as a
+/// login shell would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_cli_through_the_gateway() {
+    let f = fixture().await;
+    let gemini = harness::pinned_for("gemini-cli");
+    let tokens = [f.token()];
+    let (path, _) = f.halo_stand_in(&tokens);
+    let profile = halo_release::adapters::gemini_cli::profile_path(Os::Linux)
+        .expect("a profile script on linux");
+    let line = format!(". {profile} && exec {} -p 'Say hello'", gemini.command);
+    let out = f
+        .run(&gemini, PathBuf::from("sh"), &["-c", &line], path)
+        .await;
+    assert_answered(&out, model_id("gemini-pro"));
+    let calls = f.calls();
+    assert!(
+        !calls.is_empty()
+            && calls
+                .iter()
+                .all(|r| r.model().as_deref() == Some(model_id("gemini-pro"))),
+        "the provider saw {:?}",
+        calls.iter().map(Received::model).collect::<Vec<_>>()
+    );
+    f.assert_no_developer_credential(&tokens, "x-goog-api-key", GEMINI_KEY);
+}
