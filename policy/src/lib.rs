@@ -14,6 +14,7 @@
 //! - [`decide`]: ring, toggles, experiments and shadow for one request.
 //! - [`admit`]: the client wire, operation and alias of a request; the body model rewrite.
 //! - [`body_scan`]: the strict one-pass JSON scan that finds a body's top-level model.
+//! - [`harness_models`]: the model names a harness resolves itself (Claude Code's families).
 //! - [`profile`]: `extends` resolved into one effective Profile (child overrides parent).
 //! - [`route`]: the failover order of an alias's targets (priority tiers, sticky pick).
 //! - [`cluster_names`]: the Envoy cluster names the translator creates and the filter picks.
@@ -28,6 +29,7 @@ pub mod cluster_names;
 pub mod compile;
 pub mod decide;
 pub mod guardrails;
+pub mod harness_models;
 pub mod issue;
 pub mod keys;
 pub mod killswitch;

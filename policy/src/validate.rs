@@ -11,11 +11,14 @@
 //! Rules: `reference` (a name points at nothing, or at the wrong kind of thing),
 //! `form` (a field is missing, doubled or badly spelled: route forms, digests, dates,
 //! durations, URLs), `range` (a number out of bounds), `name` (a name that cannot travel
-//! in a URL or header) and the warning `unusable` (a target no harness can reach).
+//! in a URL or header), the warning `unusable` (a target no harness can reach) and the
+//! warning `unmapped-model` (a model family Claude Code resolves itself to an id the
+//! gateway refuses, see [`crate::harness_models`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::guardrails::{self, Guardrail};
+use crate::harness_models::{self, FamilyModel};
 use crate::issue::Issue;
 use crate::types::{Axis, CONTROL_VARIANT, Harness, Kind, ModelRoute, Org, Source, Target};
 
@@ -29,6 +32,8 @@ pub const RULE_FORM: &str = "form";
 pub const RULE_NAME: &str = "name";
 /// Warning rule for targets that no harness can use.
 pub const RULE_UNUSABLE: &str = "unusable";
+/// Warning rule for a model a harness may ask for that is not a Gateway alias.
+pub const RULE_UNMAPPED_MODEL: &str = "unmapped-model";
 
 /// Largest timeout a route target or hook may set, in seconds.
 pub const MAX_TIMEOUT_SECONDS: u32 = 3600;
@@ -335,6 +340,50 @@ impl Checker<'_> {
         }
     }
 
+    /// Warn for each model family Claude Code resolves itself that the profile (as
+    /// resolved through `extends`) leaves unmapped or maps to a name that is no alias.
+    /// Only where the profile itself names claude-code, so a parent's gap is said once.
+    fn claude_code_families(&mut self, doc: Doc<'_>, key: &str) {
+        let org = self.org;
+        let declared = org
+            .profiles
+            .get(key)
+            .is_some_and(|p| p.harnesses.contains_key(&Harness::ClaudeCode));
+        let Ok(effective) = crate::profile::resolve(org, key) else {
+            return;
+        };
+        let (true, Some(harness)) = (declared, effective.harnesses.get(&Harness::ClaudeCode))
+        else {
+            return;
+        };
+        let field = "harnesses.claude-code";
+        for (family, model) in harness_models::claude_code_families(&org.gateway, harness) {
+            match model {
+                FamilyModel::Alias(_) => {}
+                FamilyModel::Overridden(v) if org.gateway.models.contains_key(&v) => {}
+                FamilyModel::Overridden(v) => self.warning(
+                    doc,
+                    format!("{field}.overrides.env.{}", family.env),
+                    RULE_UNMAPPED_MODEL,
+                    format!(
+                        "{} is {v:?}, which is not in the Gateway's models: Claude Code's {:?} requests will be refused",
+                        family.env, family.name
+                    ),
+                ),
+                FamilyModel::Unmapped => self.warning(
+                    doc,
+                    field,
+                    RULE_UNMAPPED_MODEL,
+                    format!(
+                        "Claude Code sends its own model id for {name:?} (its /model menu, subagents, background calls), which the gateway refuses: add a Gateway alias {name:?} or set overrides.env.{env} to an alias",
+                        name = family.name,
+                        env = family.env
+                    ),
+                ),
+            }
+        }
+    }
+
     fn ring_exists(&mut self, doc: Doc<'_>, field: impl Into<String>, ring: &str) {
         if !self.org.rings.contains_key(ring) {
             self.error(
@@ -554,6 +603,7 @@ impl Checker<'_> {
                     self.alias_exists(doc, path, model);
                 }
             }
+            self.claude_code_families(doc, key);
             for (i, alias) in profile.models.iter().enumerate() {
                 self.alias_exists(doc, field_index("models", i), alias);
             }

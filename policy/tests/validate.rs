@@ -75,7 +75,14 @@ fn org() -> Org {
                 "claude-code": {
                     "version": "2.0.14",
                     "model": "sonnet",
-                    "overrides": {"permissions": {"disableBypassPermissionsMode": "disable"}}
+                    "overrides": {
+                        "permissions": {"disableBypassPermissionsMode": "disable"},
+                        // Claude Code's families without an alias of their name.
+                        "env": {
+                            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "sonnet",
+                            "ANTHROPIC_DEFAULT_FABLE_MODEL": "opus"
+                        }
+                    }
                 },
                 "codex": {"version": "0.50.0", "model": "gpt"},
                 "gemini-cli": {"version": "0.9.0", "model": "gemini-pro"}
@@ -341,6 +348,64 @@ fn harness_model_and_profile_models_must_be_gateway_aliases() {
     );
     assert!(issue.message.contains("gpt-5"), "{issue}");
     expect(&org, "reference", Kind::Profile, "base", "models[1]");
+}
+
+#[test]
+fn claude_code_families_left_unmapped_are_warned() {
+    let mut org = org();
+    let cc = profile(&mut org, "base")
+        .harnesses
+        .get_mut(&Harness::ClaudeCode)
+        .unwrap();
+    cc.overrides.remove("env");
+    // haiku and fable have no alias of their name now; base and beta (which extends it
+    // and names claude-code too) are each warned once per family.
+    let issues = of_rule(&org, "unmapped-model");
+    let got: BTreeSet<(String, String, bool, bool)> = issues
+        .iter()
+        .map(|i| {
+            let doc = i.source.as_ref().map(|s| s.to_string()).unwrap_or_default();
+            (
+                doc,
+                i.field.clone(),
+                i.message.contains("\"haiku\""),
+                i.severity == Severity::Warning,
+            )
+        })
+        .collect();
+    assert_eq!(issues.len(), 4, "{}", render(&issues));
+    assert!(
+        got.iter()
+            .all(|(_, field, _, warning)| field == "harnesses.claude-code" && *warning)
+    );
+    assert_eq!(got.iter().filter(|(_, _, haiku, _)| *haiku).count(), 2);
+    assert!(
+        issues
+            .iter()
+            .all(|i| i.message.contains("for \"haiku\"") || i.message.contains("for \"fable\"")),
+        "{}",
+        render(&issues)
+    );
+
+    // An override naming something that is no alias is warned at that field.
+    let mut org = self::org();
+    profile(&mut org, "base")
+        .harnesses
+        .get_mut(&Harness::ClaudeCode)
+        .unwrap()
+        .overrides
+        .insert(
+            "env".into(),
+            json!({"ANTHROPIC_DEFAULT_HAIKU_MODEL": "claude-haiku-4-5", "ANTHROPIC_DEFAULT_FABLE_MODEL": "opus"}),
+        );
+    let issues = of_rule(&org, "unmapped-model");
+    assert!(
+        issues.iter().any(|i| i.field
+            == "harnesses.claude-code.overrides.env.ANTHROPIC_DEFAULT_HAIKU_MODEL"
+            && i.message.contains("claude-haiku-4-5")),
+        "{}",
+        render(&issues)
+    );
 }
 
 #[test]

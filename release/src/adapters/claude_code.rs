@@ -7,9 +7,16 @@
 //! (CLAUDE_CODE_USE_BEDROCK, ANTHROPIC_BEDROCK_BASE_URL, CLAUDE_CODE_SKIP_BEDROCK_AUTH,
 //! ANTHROPIC_MODEL = the alias); otherwise ANTHROPIC_BASE_URL points at the gateway.
 //! `gateway.auth.helperCommand` becomes `apiKeyHelper` either way.
+//!
+//! Claude Code resolves its model families (`opus`, `sonnet`, `haiku`, `fable`) to its own
+//! provider ids before sending, ids the gateway's allowlist refuses; so each family that
+//! is a Gateway alias is rendered as that alias (ANTHROPIC_DEFAULT_<FAMILY>_MODEL, and the
+//! background model's ANTHROPIC_SMALL_FAST_MODEL), in both modes. The families are
+//! halo-policy's [`halo_policy::harness_models`], which `halo validate` checks too.
 
 use serde_json::{Map, Value, json};
 
+use halo_policy::harness_models::{self, FamilyModel};
 use halo_policy::profile::merge_json_objects;
 use halo_policy::{Harness, WireProtocol};
 
@@ -22,7 +29,9 @@ pub fn managed_dir(os: Os) -> &'static str {
     match os {
         Os::Darwin => "/Library/Application Support/ClaudeCode",
         Os::Linux => "/etc/claude-code",
-        Os::Windows => "C:\\ProgramData\\ClaudeCode",
+        // Claude Code 2.x reads C:\Program Files\ClaudeCode (seen in 2.1.332's code path
+        // lookup); the ProgramData location of 1.x is no longer read.
+        Os::Windows => "C:\\Program Files\\ClaudeCode",
     }
 }
 
@@ -66,6 +75,19 @@ pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
                 settings.insert("model".into(), json!(model));
             }
         }
+    }
+    for (family, model) in harness_models::claude_code_families(ctx.gateway, harness) {
+        let name = match model {
+            FamilyModel::Alias(v) | FamilyModel::Overridden(v) => v,
+            FamilyModel::Unmapped => continue,
+        };
+        if family.name == harness_models::CLAUDE_CODE_SMALL_FAST_FAMILY {
+            env.insert(
+                harness_models::CLAUDE_CODE_SMALL_FAST_ENV.into(),
+                json!(name.clone()),
+            );
+        }
+        env.insert(family.env.into(), json!(name));
     }
     match ctx.helper_command() {
         Some(cmd) => {

@@ -3,9 +3,12 @@
 //! Windows, so nothing is rendered there and the manifest says so.
 //!
 //! The gateway is a custom model provider `halos` speaking the Responses API at
-//! `<baseURL>/v1`. Codex reads a provider's key from an environment variable
-//! (`env_key`), not from a command, so the token variable is named and the manifest
-//! warns that it must be exported (for example from `gateway.auth.helperCommand`).
+//! `<baseURL>/v1`. From [`AUTH_COMMAND_SINCE`] Codex runs a provider's token command
+//! itself (`[model_providers.halos.auth]`, seen working in 0.171.0, where the legacy
+//! managed_config.toml is still read): `gateway.auth.helperCommand` is rendered there,
+//! through `sh -c` as Claude Code and the Gemini CLI profile run it. Older pins read the key
+//! from an environment variable (`env_key`), so the variable is named and the manifest
+//! warns that it must be exported.
 
 use toml::{Table, Value};
 
@@ -17,6 +20,22 @@ const H: Harness = Harness::Codex;
 
 /// The environment variable Codex reads the Halos token from.
 pub const TOKEN_ENV: &str = "HALOS_TOKEN";
+
+/// The first Codex version known to run `model_providers.<id>.auth.command` (the
+/// oldest this adapter was run against; the pin in scripts/harnesses.txt).
+pub const AUTH_COMMAND_SINCE: (u64, u64, u64) = (0, 171, 0);
+
+/// `major.minor.patch` of an exact pin (a pre-release or build suffix ignored).
+fn version_triple(pin: &str) -> Option<(u64, u64, u64)> {
+    let core = pin.split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// Whether Codex at `pin` runs a provider's token command itself.
+pub fn runs_auth_command(pin: &str) -> bool {
+    version_triple(pin).is_some_and(|v| v >= AUTH_COMMAND_SINCE)
+}
 
 /// The managed config path per OS (`None`: Codex has no documented one there).
 pub fn managed_path(os: Os) -> Option<&'static str> {
@@ -67,16 +86,29 @@ pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
         s(&format!("{}/v1", base_url(ctx.gateway))),
     );
     provider.insert("wire_api".into(), s("responses"));
-    provider.insert("env_key".into(), s(TOKEN_ENV));
+    let command_auth = runs_auth_command(&harness.version);
+    match (ctx.helper_command(), command_auth) {
+        (Some(cmd), true) => {
+            let mut auth = Table::new();
+            auth.insert("command".into(), s("sh"));
+            auth.insert("args".into(), Value::Array(vec![s("-c"), s(cmd)]));
+            provider.insert("auth".into(), Value::Table(auth));
+        }
+        _ => {
+            provider.insert("env_key".into(), s(TOKEN_ENV));
+        }
+    }
     let mut providers = Table::new();
     providers.insert("halos".into(), Value::Table(provider));
     config.insert("model_providers".into(), Value::Table(providers));
     match ctx.helper_command() {
+        Some(_) if command_auth => {}
         Some(cmd) => out.warn(
             H,
             os,
             format!(
-                "Codex reads its token from ${TOKEN_ENV}; export it at shell start from `{cmd}`"
+                "Codex {} reads its token from ${TOKEN_ENV}; export it at shell start from `{cmd}`",
+                harness.version
             ),
         ),
         None => out.warn(
@@ -170,5 +202,20 @@ pub(crate) fn merge_toml(table: &mut Table, key: &str, value: Value) {
         (_, value) => {
             table.insert(key.to_string(), value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_command_follows_the_pinned_version() {
+        assert!(runs_auth_command("0.171.0"));
+        assert!(runs_auth_command("0.172.0-alpha.1"));
+        assert!(runs_auth_command("1.0.0"));
+        assert!(!runs_auth_command("0.46.0"));
+        assert!(!runs_auth_command("0.170.9"));
+        assert!(!runs_auth_command("not-a-version"));
     }
 }
