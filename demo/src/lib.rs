@@ -3,7 +3,9 @@
 //! - halo-server (library) with its xDS listener, serving the policy directory (watched:
 //!   edits are validated and pushed, an invalid edit is refused);
 //! - an Envoy 1.40 booted from envoy/ads.yaml alone, getting everything from halo-server;
-//! - [`provider::DemoProvider`], an Anthropic Messages provider that needs no keys, and
+//! - [`halo_testkit::provider::WireProvider`], a provider that needs no keys and speaks
+//!   every wire the gateway sends to (Anthropic Messages, Bedrock, OpenAI Responses,
+//!   Gemini), keeping nothing of a request, and
 //!   [`issuer::DemoIssuer`], a local issuer with a fresh key whose tokens jwt_authn
 //!   verifies;
 //! - [`overrides::Overrides`]: the policy's upstreams and issuer pointed at those two,
@@ -16,7 +18,6 @@
 pub mod envoy;
 pub mod issuer;
 pub mod overrides;
-pub mod provider;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,7 +31,7 @@ use serde_json::{Value, json};
 use crate::envoy::EnvoyProcess;
 use crate::issuer::DemoIssuer;
 use crate::overrides::Overrides;
-use crate::provider::DemoProvider;
+use halo_testkit::provider::{Sigv4Key, WireProvider};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -80,14 +81,79 @@ pub fn filter_wasm(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 
 /// The first alias (in name order) with a target that serves the Anthropic Messages wire.
 pub fn first_alias(snap: &Snapshot) -> Option<String> {
+    first_alias_for(snap, WireProtocol::AnthropicMessages)
+}
+
+/// The first alias (in name order) with a target that serves `wire`.
+pub fn first_alias_for(snap: &Snapshot, wire: WireProtocol) -> Option<String> {
     snap.models
         .iter()
         .find(|(_, targets)| {
             targets
                 .iter()
-                .any(|t| halo_policy::route::can_serve(snap, t, WireProtocol::AnthropicMessages))
+                .any(|t| halo_policy::route::can_serve(snap, t, wire))
         })
         .map(|(alias, _)| alias.clone())
+}
+
+/// The first alias whose first target's upstream speaks `wire` itself (no translation):
+/// `gpt` rather than `default` for Codex. Else the first alias that can serve `wire`.
+fn native_alias(snap: &Snapshot, wire: WireProtocol) -> Option<String> {
+    use halo_policy::types::UpstreamKind as K;
+    let native = |kind: K| match wire {
+        WireProtocol::OpenaiResponses => matches!(kind, K::Openai | K::AzureOpenai),
+        WireProtocol::Gemini => kind == K::Gemini,
+        WireProtocol::AnthropicMessages => kind == K::Anthropic,
+        WireProtocol::BedrockInvoke => kind == K::Bedrock,
+    };
+    snap.models
+        .iter()
+        .find(|(_, targets)| {
+            targets
+                .first()
+                .and_then(|t| snap.upstreams.get(&t.upstream))
+                .is_some_and(|u| native(u.kind))
+        })
+        .map(|(alias, _)| alias.clone())
+        .or_else(|| first_alias_for(snap, wire))
+}
+
+/// One shell line per coding tool that points it at the gateway `base` with `token`, as
+/// a release would (docs/harnesses.md), but in the environment: Claude Code with each
+/// model family it resolves itself sent as the alias of that name, Codex with the
+/// gateway as its Responses provider, Gemini CLI with its base URL and key.
+pub fn harness_lines(snap: &Snapshot, base: &str, token: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    if first_alias_for(snap, WireProtocol::AnthropicMessages).is_some() {
+        let mut env = format!("ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={token}");
+        for family in halo_policy::harness_models::CLAUDE_CODE_FAMILIES {
+            if snap.models.contains_key(family.name) {
+                env.push_str(&format!(" {}={}", family.env, family.name));
+                if family.name == halo_policy::harness_models::CLAUDE_CODE_SMALL_FAST_FAMILY {
+                    env.push_str(&format!(
+                        " {}={}",
+                        halo_policy::harness_models::CLAUDE_CODE_SMALL_FAST_ENV,
+                        family.name
+                    ));
+                }
+            }
+        }
+        lines.push(format!("Claude Code: {env} claude"));
+    }
+    if let Some(alias) = native_alias(snap, WireProtocol::OpenaiResponses) {
+        lines.push(format!(
+            "Codex:       HALOS_TOKEN={token} codex -m {alias} -c model_provider=halos \
+             -c 'model_providers.halos={{name=\"Halos\",base_url=\"{base}/v1\",wire_api=\"responses\",env_key=\"HALOS_TOKEN\"}}'"
+        ));
+    }
+    if let Some(alias) = native_alias(snap, WireProtocol::Gemini) {
+        lines.push(format!(
+            "Gemini CLI:  GOOGLE_GEMINI_BASE_URL={base} GEMINI_API_KEY={token} gemini -m {alias}  \
+             (with {{\"security\":{{\"auth\":{{\"selectedType\":\"gemini-api-key\"}}}}}} in \
+             ~/.gemini/settings.json, as a release writes it system-wide)"
+        ));
+    }
+    lines
 }
 
 /// The first request: an Anthropic Messages call of `alias`.
@@ -184,6 +250,81 @@ async fn first_request(
     }
 }
 
+/// One call of `alias` on `wire`: the path, the body and the header carrying the token.
+fn wire_call(alias: &str, wire: WireProtocol) -> Option<(String, Value, &'static str)> {
+    match wire {
+        WireProtocol::AnthropicMessages => Some((
+            "/v1/messages".into(),
+            first_body(alias, false),
+            "authorization",
+        )),
+        WireProtocol::OpenaiResponses => Some((
+            "/v1/responses".into(),
+            json!({"model": alias, "input": "Hello, Halos"}),
+            "authorization",
+        )),
+        WireProtocol::Gemini => Some((
+            format!("/v1beta/models/{alias}:generateContent"),
+            json!({"contents": [{"role": "user", "parts": [{"text": "Hello, Halos"}]}]}),
+            "x-goog-api-key",
+        )),
+        WireProtocol::BedrockInvoke => None,
+    }
+}
+
+/// Every alias of the policy answers 200 on each wire of a coding tool (Anthropic
+/// Messages, OpenAI Responses, Gemini) one of its targets can serve; prints the model id
+/// each call was sent upstream as.
+async fn check_every_alias(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    policy: &Snapshot,
+) -> anyhow::Result<()> {
+    for (alias, targets) in &policy.models {
+        for wire in [
+            WireProtocol::AnthropicMessages,
+            WireProtocol::OpenaiResponses,
+            WireProtocol::Gemini,
+        ] {
+            if !targets
+                .iter()
+                .any(|t| halo_policy::route::can_serve(policy, t, wire))
+            {
+                continue;
+            }
+            let Some((path, body, header)) = wire_call(alias, wire) else {
+                continue;
+            };
+            let value = if header == "authorization" {
+                format!("Bearer {token}")
+            } else {
+                token.to_string()
+            };
+            let resp = client
+                .post(format!("{base}{path}"))
+                .header(header, value)
+                .header("anthropic-version", "2023-06-01")
+                .json(&body)
+                .send()
+                .await
+                .with_context(|| format!("alias {alias:?} on {path}: the request failed"))?;
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            if status != 200 {
+                bail!("alias {alias:?} on {path} got {status}: {text}");
+            }
+            let sent_as = text
+                .split("as model \\\"")
+                .nth(1)
+                .and_then(|rest| rest.split("\\\"").next())
+                .unwrap_or("?");
+            println!("check: alias {alias:?} answered 200 on {path} (sent as model {sent_as})");
+        }
+    }
+    Ok(())
+}
+
 /// The checks of `--once` beyond the first request: the SSE stream, and 401 without a
 /// token.
 async fn more_checks(
@@ -270,9 +411,16 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             opts.listen
         )
     })?;
-    let provider = DemoProvider::start()
-        .await
-        .context("starting the demo provider")?;
+    let provider = WireProvider::start_with(
+        false,
+        Some(Sigv4Key {
+            region: None,
+            access_key: envoy::DEMO_AWS_ACCESS_KEY.into(),
+            secret_key: envoy::DEMO_AWS_SECRET_KEY.into(),
+        }),
+    )
+    .await
+    .context("starting the demo provider")?;
     let issuer = DemoIssuer::start().await?;
     let overrides = Overrides {
         provider_url: provider.url(),
@@ -283,6 +431,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         listen_address: opts.listen.ip().to_string(),
         listen_port: opts.listen.port(),
         wasm_path: wasm.display().to_string(),
+        // Every upstream is the demo provider on loopback: let it receive the SigV4
+        // signature (made with the demo's key pair, see envoy::DEMO_AWS_ACCESS_KEY).
+        sign_hosts: vec![provider.addr.ip().to_string()],
         ..halo_xds::GatewaySettings::default()
     };
     let settings = halo_server::config::Settings {
@@ -359,6 +510,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     );
     if opts.once {
         more_checks(&client, &base, &token, &alias).await?;
+        check_every_alias(&client, &base, &token, &policy).await?;
         drop(envoy);
         server.shutdown().await;
         println!("halo-demo: all checks passed");
@@ -382,6 +534,12 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     println!("Streaming (SSE):");
     println!();
     println!("  {}", curl_line(&base, Some(&token), &alias, true));
+    println!();
+    println!("Point a coding tool at it (one shell line each):");
+    println!();
+    for line in harness_lines(&policy, &base, &token) {
+        println!("  {line}");
+    }
     println!();
     println!("Without the token Envoy answers 401. Ctrl-C stops halo-server and Envoy.");
 

@@ -4,8 +4,8 @@
 //!
 //! The gateway is a custom model provider `halos` speaking the Responses API at
 //! `<baseURL>/v1`. From [`AUTH_COMMAND_SINCE`] Codex runs a provider's token command
-//! itself (`[model_providers.halos.auth]`, seen working in 0.171.0, where the legacy
-//! managed_config.toml is still read): `gateway.auth.helperCommand` is rendered there,
+//! itself (`[model_providers.halos.auth]`, seen working in 0.169.0 and 0.171.0, which
+//! still read the legacy managed_config.toml): `gateway.auth.helperCommand` is rendered there,
 //! through `sh -c` as Claude Code and the Gemini CLI profile run it. Older pins read the key
 //! from an environment variable (`env_key`), so the variable is named and the manifest
 //! warns that it must be exported.
@@ -21,9 +21,10 @@ const H: Harness = Harness::Codex;
 /// The environment variable Codex reads the Halos token from.
 pub const TOKEN_ENV: &str = "HALOS_TOKEN";
 
-/// The first Codex version known to run `model_providers.<id>.auth.command` (the
-/// oldest this adapter was run against; the pin in scripts/harnesses.txt).
-pub const AUTH_COMMAND_SINCE: (u64, u64, u64) = (0, 171, 0);
+/// The first Codex version known to run `model_providers.<id>.auth.command`: the oldest
+/// this adapter was run against (0.169.0, acme-corp's base pin, against a recording
+/// server; 0.171.0, the live tests' pin, through the gateway).
+pub const AUTH_COMMAND_SINCE: (u64, u64, u64) = (0, 169, 0);
 
 /// `major.minor.patch` of an exact pin (a pre-release or build suffix ignored).
 fn version_triple(pin: &str) -> Option<(u64, u64, u64)> {
@@ -215,7 +216,8 @@ mod tests {
         assert!(runs_auth_command("0.172.0-alpha.1"));
         assert!(runs_auth_command("1.0.0"));
         assert!(!runs_auth_command("0.46.0"));
-        assert!(!runs_auth_command("0.170.9"));
+        assert!(runs_auth_command("0.169.0"));
+        assert!(!runs_auth_command("0.168.9"));
         assert!(!runs_auth_command("not-a-version"));
     }
 }
