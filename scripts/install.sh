@@ -56,6 +56,14 @@ while read -r harness package version command; do
   fi
 done < "$(dirname "$0")/harnesses.txt"
 
+# A real Secret Service for `halo auth`'s credential store test (cli/tests/auth.rs): the
+# test starts gnome-keyring-daemon in its own dbus-run-session, never as a service.
+if ! command -v gnome-keyring-daemon >/dev/null 2>&1 || ! command -v dbus-run-session >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends gnome-keyring dbus-daemon >/dev/null
+fi
+
 # The filter module Envoy loads (halo-demo and the end-to-end tests read it from
 # target/wasm32-unknown-unknown/release); cargo does nothing when it is up to date.
 (cd "$(dirname "$0")/.." && cargo build --locked -q -p halo-filter --target wasm32-unknown-unknown --release)

@@ -2,9 +2,12 @@
 //!
 //! Policy commands work on a policy repo directory: `validate`, `gateway compile` and
 //! `gateway routes`; `keys generate` makes the ed25519 key pairs that sign releases and
-//! kill lists; `kill`, `unkill` and `killswitch status` call halo-server's admin API.
-//! Exit codes: 0 success, 1 an invalid policy or a failed operation, 2 a usage error.
+//! kill lists; `kill`, `unkill` and `killswitch status` call halo-server's admin API;
+//! `auth login | token | status | logout` is the developer's own token (halo-auth).
+//! Exit codes: 0 success, 1 an invalid policy or a failed operation, 2 a usage error,
+//! 3 not logged in or the session ended (`halo auth ...`).
 
+mod auth;
 mod envoy;
 mod gateway;
 mod keys;
@@ -42,8 +45,11 @@ Examples:
       --reason 'error rate 12%' --server https://halo.acme.internal
   halo unkill toggle deep-reasoning --reason fixed --server URL --token-file admin.jwt
   halo killswitch status --server URL --token-file admin.jwt
+  halo auth login --policy-dir examples/acme-corp      # once per machine
+  halo auth token --audience api://halos               # what apiKeyHelper runs
+  halo auth status
 
-Exit status: 0 success, 1 invalid policy or failed operation, 2 usage error.";
+Exit status: 0 success, 1 invalid policy or failed operation, 2 usage error,\n3 not logged in (run `halo auth login`).";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -102,6 +108,11 @@ enum Command {
         #[command(subcommand)]
         command: killswitch::KillswitchCommand,
     },
+    /// The developer's own token for the gateway: login, token, status, logout.
+    Auth {
+        #[command(subcommand)]
+        command: auth::AuthCommand,
+    },
 }
 
 /// How a command failed.
@@ -111,6 +122,8 @@ enum Failure {
     InvalidPolicy,
     /// Anything else (I/O, refusing to overwrite, ...).
     Error(anyhow::Error),
+    /// Not logged in, or the session ended: exit status 3, one line naming the fix.
+    LoginNeeded(String),
 }
 
 impl From<anyhow::Error> for Failure {
@@ -134,6 +147,7 @@ fn main() -> ExitCode {
         Command::Kill(args) => killswitch::change(args, true),
         Command::Unkill(args) => killswitch::change(args, false),
         Command::Killswitch { command } => killswitch::run(command),
+        Command::Auth { command } => auth::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -141,6 +155,10 @@ fn main() -> ExitCode {
         Err(Failure::Error(err)) => {
             eprintln!("halo: {err:#}");
             ExitCode::from(1)
+        }
+        Err(Failure::LoginNeeded(message)) => {
+            eprintln!("halo: {message}");
+            ExitCode::from(3)
         }
     }
 }

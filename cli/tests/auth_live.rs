@@ -1,0 +1,212 @@
+//! A developer's first day, end to end: `halo auth login` once, then Claude Code's
+//! managed settings as `halo release build` renders them from examples/acme-corp: their
+//! `apiKeyHelper` (`halo auth token --audience api://halos`, from the Gateway's
+//! `auth.helperCommand`) is run the way Claude Code runs it (through the shell, stdout is
+//! the key, sent as `x-api-key` and `Authorization: Bearer`), and the call goes through a
+//! real Envoy (jwt_authn verifying the fake issuer's EdDSA tokens, the halo filter) to a
+//! fake Anthropic: a governed 200. When the access token expires, the helper refreshes it
+//! and the next call succeeds without the developer doing anything.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use halo_e2e::{Gateway, GatewayOptions, Providers, test_snapshot};
+use halo_testkit::oidc::FakeIssuer;
+use halo_testkit::{wait_until, workspace_root};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_halo");
+const EMAIL: &str = "alice@acme.test";
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let dest = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).expect("copy");
+        }
+    }
+}
+
+/// The apiKeyHelper of the canary ring's Claude Code managed settings.
+fn rendered_api_key_helper(policy: &Path, out: &Path) -> String {
+    let run = Command::new(BIN)
+        .args(["release", "build", "--ring", "canary", "--policy-dir"])
+        .arg(policy)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("halo release build");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let tar = std::fs::read(out.join("canary.tar")).expect("canary.tar");
+    let (manifest, blobs) = halo_release::pack::unpack(&tar).expect("unpack");
+    let file = manifest
+        .files
+        .iter()
+        .find(|f| f.path == "/etc/claude-code/managed-settings.json")
+        .unwrap_or_else(|| panic!("no Linux managed settings in {:?}", manifest.files));
+    let settings = &blobs[&file.sha256];
+    let settings: Value = serde_json::from_slice(settings).expect("settings JSON");
+    settings["apiKeyHelper"]
+        .as_str()
+        .expect("apiKeyHelper is rendered")
+        .to_string()
+}
+
+/// Run the helper as Claude Code does: `sh -c`, stdout trimmed is the key.
+fn api_key(helper: &str, path: &str, auth_dir: &Path, ca: &Path) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(helper)
+        .env("PATH", path)
+        .env("HALO_AUTH_DIR", auth_dir)
+        .env("HALO_AUTH_CA_FILE", ca)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run apiKeyHelper");
+    assert!(
+        out.status.success(),
+        "apiKeyHelper failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_api_key_helper_gets_a_governed_200_and_survives_expiry() {
+    let issuer = FakeIssuer::start();
+    issuer.set_user(
+        json!({"sub": "u-alice", "email": EMAIL, "email_verified": true, "groups": ["eng"]}),
+    );
+    let providers = Providers::start().await;
+    let gw = Gateway::start(
+        test_snapshot(&issuer.issuer, &providers),
+        GatewayOptions::default(),
+    );
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ca = tmp.path().join("ca.pem");
+    std::fs::write(&ca, &issuer.ca_pem).expect("CA");
+    let auth_dir = tmp.path().join("auth");
+    let policy = tmp.path().join("policy");
+    copy_dir(&workspace_root().join("examples/acme-corp"), &policy);
+    let root = policy.join("halos.yaml");
+    let yaml = std::fs::read_to_string(&root)
+        .expect("halos.yaml")
+        .replace(
+            "https://acme.okta.com/oauth2/aus9halos2acme7corp",
+            &issuer.issuer,
+        )
+        .replace("0oa9halos4acmecorp7x", issuer.client_id());
+    std::fs::write(&root, yaml).expect("write halos.yaml");
+    let helper = rendered_api_key_helper(&policy, &tmp.path().join("dist"));
+    assert_eq!(helper, "halo auth token --audience api://halos");
+
+    // Short-lived tokens, so the login's token expires during the test.
+    issuer.set_token_lifetime(3);
+    let login = Command::new(BIN)
+        .args(["auth", "login", "--device", "--policy-dir"])
+        .arg(&policy)
+        .env("HALO_AUTH_DIR", &auth_dir)
+        .env("HALO_AUTH_CA_FILE", &ca)
+        .env_remove("DBUS_SESSION_BUS_ADDRESS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn login");
+    let code = tokio::task::block_in_place(|| {
+        wait_until("the device code", Duration::from_secs(20), || {
+            issuer.pending_user_code()
+        })
+    });
+    assert!(issuer.approve_device(&code));
+    let login = login.wait_with_output().expect("login");
+    assert!(
+        login.status.success(),
+        "{}",
+        String::from_utf8_lossy(&login.stderr)
+    );
+
+    let bin_dir = Path::new(BIN)
+        .parent()
+        .expect("bin dir")
+        .display()
+        .to_string();
+    let path = format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default());
+    let call = |key: String| {
+        let gw = &gw;
+        async move {
+            let bearer = format!("Bearer {key}");
+            gw.post(
+                "/v1/messages",
+                &[("x-api-key", &key), ("authorization", &bearer)],
+                &json!({"model": "haiku", "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await
+        }
+    };
+
+    let first = api_key(&helper, &path, &auth_dir, &ca);
+    let answer = call(first.clone()).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let seen = providers.a.seen().pop().expect("the provider got the call");
+    // Governed: alice is in the canary ring by the verified email claim.
+    assert_eq!(seen.header("x-halo-ring"), Some("canary"));
+    assert_eq!(seen.json()["model"], "claude-haiku-4-5");
+    // The developer's token never reaches the provider.
+    assert!(seen.header("x-api-key").is_none_or(|k| k != first));
+
+    // Let the first token expire (its exp is 3 s after issue; a bounded wait on the clock).
+    let exp = halo_auth::jwt::claims(&first).expect("JWT")["exp"]
+        .as_i64()
+        .expect("exp");
+    tokio::task::block_in_place(|| {
+        wait_until("the first token to expire", Duration::from_secs(10), || {
+            (halo_auth::unix_now() > exp).then_some(())
+        })
+    });
+    let refreshes_before = issuer
+        .grants()
+        .iter()
+        .filter(|g| *g == "refresh_token")
+        .count();
+    let second = api_key(&helper, &path, &auth_dir, &ca);
+    assert_ne!(second, first, "a new token");
+    assert!(
+        halo_auth::jwt::claims(&second).expect("JWT")["exp"].as_i64() > Some(halo_auth::unix_now())
+    );
+    assert_eq!(
+        issuer
+            .grants()
+            .iter()
+            .filter(|g| *g == "refresh_token")
+            .count(),
+        refreshes_before + 1
+    );
+    let answer = call(second).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    // And without a login, the helper fails the way Claude Code can show.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&helper)
+        .env("PATH", &path)
+        .env("HALO_AUTH_DIR", tmp.path().join("nobody"))
+        .output()
+        .expect("helper");
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("run `halo auth login`"));
+}
