@@ -8,9 +8,14 @@
 //! policy alias, and `halo validate` warns when a family is left without one. The
 //! background ("small/fast") model is the haiku family's, also read under its older name.
 //!
-//! Observed with Claude Code 2.1.332 against a recording server (docs/harnesses.md) and
-//! proved through the gateway by the live test (tests/tests/harnesses.rs). Codex and
-//! Gemini CLI send the configured name as it is, so they need nothing here.
+//! Gemini CLI resolves `auto`, `pro` and `flash` itself (0.61.0 sends
+//! `gemini-3.1-pro-preview` for `pro`; `auto` first asks a flash-lite model to route) and
+//! has no variable to remap them: a Gemini CLI profile must not name an alias so called.
+//! Codex sends the configured name as it is.
+//!
+//! Observed with Claude Code 2.1.332 and Gemini CLI 0.61.0 against a recording server
+//! (docs/harnesses.md); the Claude Code families are proved through the gateway by the live
+//! test (tests/tests/harnesses.rs).
 
 use crate::types::{Gateway, HarnessSettings};
 
@@ -48,6 +53,9 @@ pub const CLAUDE_CODE_FAMILIES: [ModelFamily; 4] = [
 pub const CLAUDE_CODE_SMALL_FAST_ENV: &str = "ANTHROPIC_SMALL_FAST_MODEL";
 /// The family whose model the background calls use.
 pub const CLAUDE_CODE_SMALL_FAST_FAMILY: &str = "haiku";
+
+/// The model names Gemini CLI (0.61.0) replaces with its own model ids before sending.
+pub const GEMINI_CLI_SELF_RESOLVED: [&str; 3] = ["auto", "pro", "flash"];
 
 /// What a Claude Code family is sent as under one profile.
 #[derive(Debug, Clone, PartialEq, Eq)]

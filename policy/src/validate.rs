@@ -600,6 +600,18 @@ impl Checker<'_> {
             for (harness, settings) in &profile.harnesses {
                 if let Some(model) = &settings.model {
                     let path = format!("harnesses.{}.model", harness.as_str());
+                    if *harness == Harness::GeminiCli
+                        && harness_models::GEMINI_CLI_SELF_RESOLVED.contains(&model.as_str())
+                    {
+                        self.warning(
+                            doc,
+                            path.clone(),
+                            RULE_UNMAPPED_MODEL,
+                            format!(
+                                "Gemini CLI replaces {model:?} with its own model id, which the gateway refuses: name the alias otherwise (for example gemini-{model})"
+                            ),
+                        );
+                    }
                     self.alias_exists(doc, path, model);
                 }
             }

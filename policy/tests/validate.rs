@@ -409,6 +409,28 @@ fn claude_code_families_left_unmapped_are_warned() {
 }
 
 #[test]
+fn a_gemini_cli_model_it_resolves_itself_is_warned() {
+    let mut org = org();
+    org.gateway
+        .models
+        .insert("pro".into(), route("gemini", "gemini-2.5-pro"));
+    profile(&mut org, "base")
+        .harnesses
+        .get_mut(&Harness::GeminiCli)
+        .unwrap()
+        .model = Some("pro".into());
+    let issues = of_rule(&org, "unmapped-model");
+    assert!(
+        issues.len() == 1
+            && issues[0].field == "harnesses.gemini-cli.model"
+            && issues[0].severity == Severity::Warning
+            && issues[0].message.contains("\"pro\""),
+        "{}",
+        render(&issues)
+    );
+}
+
+#[test]
 fn every_route_target_names_an_existing_upstream() {
     let mut org = org();
     org.gateway.models.get_mut("sonnet").unwrap().targets[1].upstream = "azure".into();
