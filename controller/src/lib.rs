@@ -1,0 +1,21 @@
+//! halo-controller: reads experiment evidence, decides with always-valid statistics, and
+//! acts: rollback (kill switch on gateway evidence only, pause PR, notification), promote
+//! or expired (concluding PR, notification). Each action at most once per experiment run.
+//!
+//! A pure core with its I/O at the edges:
+//! - [`stats`]: the mSPRT confidence sequence (pure, O(1) per update);
+//! - [`decide`]: one experiment's verdict from its evidence (pure, time passed in);
+//! - [`controller`]: the loop and the executor, behind ports for the policy served now,
+//!   the evidence ([`evidence::EvidenceSource`]), the kill switch ([`kill::KillSwitch`]),
+//!   pull requests ([`pr::PullRequests`]) and notifications ([`notify::Notifier`]);
+//! - [`state`]: `controller-state.jsonl`, the fsynced record of every step;
+//! - [`pr`]: git and gh; [`notify`]: the signed webhook.
+
+pub mod controller;
+pub mod decide;
+pub mod evidence;
+pub mod kill;
+pub mod notify;
+pub mod pr;
+pub mod state;
+pub mod stats;
