@@ -253,30 +253,25 @@ pub fn token(dir: &AuthDir, audience: Option<&str>, now: &dyn Fn() -> i64) -> Re
     let session = dir.session()?.ok_or(Error::NotLoggedIn)?;
     let audience = audience.or(session.audience.as_deref());
     let key = cache_key(audience);
-    let fresh = |t: &CachedToken, at: i64| t.expires_at - at > REFRESH_MARGIN_SECS;
-    if let Some(t) = dir.tokens()?.get(&key)
-        && fresh(t, now())
-    {
-        return Ok(Token {
-            token: t.token.clone(),
-            expires_at: t.expires_at,
-            refreshed: false,
-            warning: None,
-        });
+    // A cached token with more than the margin left, as served.
+    let fresh = |t: Option<&CachedToken>| {
+        t.filter(|t| t.expires_at - now() > REFRESH_MARGIN_SECS)
+            .map(|t| Token {
+                token: t.token.clone(),
+                expires_at: t.expires_at,
+                refreshed: false,
+                warning: None,
+            })
+    };
+    if let Some(t) = fresh(dir.tokens()?.get(&key)) {
+        return Ok(t);
     }
     let _lock = dir.lock()?;
     // Another process may have refreshed while this one waited for the lock.
     let mut cache = dir.tokens()?;
     let cached = cache.get(&key).cloned();
-    if let Some(t) = &cached
-        && fresh(t, now())
-    {
-        return Ok(Token {
-            token: t.token.clone(),
-            expires_at: t.expires_at,
-            refreshed: false,
-            warning: None,
-        });
+    if let Some(t) = fresh(cached.as_ref()) {
+        return Ok(t);
     }
     let secrets = dir.secrets(session.store, &session.issuer, &session.client_id);
     let refresh = secrets.get()?.ok_or(Error::NotLoggedIn)?;

@@ -4,13 +4,12 @@
 //! credential store fallback when there is no D-Bus session.
 
 use std::io::{BufRead as _, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
 
 use halo_testkit::oidc::{DEFAULT_AUDIENCE, FakeIssuer};
-use halo_testkit::wait_until;
 use serde_json::{Value, json};
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_halo");
 const EMAIL: &str = "alice@acme.test";
@@ -60,17 +59,7 @@ impl Env {
     fn device_login(&self, extra: &[&str]) -> Output {
         let mut args = vec!["auth", "login", "--device"];
         args.extend_from_slice(extra);
-        let child = self
-            .halo(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn login");
-        let code = wait_until("a pending device code", Duration::from_secs(20), || {
-            self.issuer.pending_user_code()
-        });
-        assert!(self.issuer.approve_device(&code));
-        child.wait_with_output().expect("login exits")
+        common::approved_device_login(self.halo(&args), &self.issuer)
     }
 }
 
@@ -144,7 +133,7 @@ fn device_login_then_token_status_logout() {
 fn defaults_come_from_the_policy_identity() {
     let e = env();
     let policy = e.tmp.path().join("policy");
-    copy_dir(
+    common::copy_dir(
         &halo_testkit::workspace_root().join("examples/acme-corp"),
         &policy,
     );
@@ -267,19 +256,6 @@ fn the_keyring_store_without_a_dbus_session_is_refused_before_the_sign_in() {
     assert!(e.issuer.grants().is_empty());
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read_dir") {
-        let entry = entry.expect("entry");
-        let dest = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            copy_dir(&entry.path(), &dest);
-        } else {
-            std::fs::copy(entry.path(), dest).expect("copy");
-        }
-    }
-}
-
 /// A real Secret Service: gnome-keyring-daemon on a private D-Bus session
 /// (dbus-run-session, from scripts/install.sh). The refresh token goes there, not to a
 /// file; `token` refreshes through it; `logout` deletes it.
@@ -303,7 +279,8 @@ fn the_refresh_token_lives_in_the_secret_service_when_there_is_one() {
         dir = e.auth_dir().display(),
     );
     let cmd = e.halo(&[]);
-    let child = Command::new("dbus-run-session")
+    let mut session = Command::new("dbus-run-session");
+    session
         .args(["--", "sh", "-c", &script])
         .envs(
             cmd.get_envs()
@@ -311,16 +288,9 @@ fn the_refresh_token_lives_in_the_secret_service_when_there_is_one() {
         )
         .env("HOME", &home)
         .env("XDG_DATA_HOME", home.join("data"))
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("dbus-run-session (scripts/install.sh installs it)");
-    let code = wait_until("a pending device code", Duration::from_secs(30), || {
-        e.issuer.pending_user_code()
-    });
-    assert!(e.issuer.approve_device(&code));
-    let out = child.wait_with_output().expect("session exits");
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    // dbus-run-session and gnome-keyring-daemon come from scripts/install.sh.
+    let out = common::approved_device_login(session, &e.issuer);
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("refresh token: the Secret Service"), "{err}");

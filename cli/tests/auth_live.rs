@@ -18,21 +18,10 @@ use halo_testkit::oidc::FakeIssuer;
 use halo_testkit::{wait_until, workspace_root};
 use serde_json::{Value, json};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_halo");
 const EMAIL: &str = "alice@acme.test";
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read_dir") {
-        let e = e.expect("entry");
-        let dest = to.join(e.file_name());
-        if e.file_type().expect("type").is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).expect("copy");
-        }
-    }
-}
 
 /// The apiKeyHelper of the canary ring's Claude Code managed settings.
 fn rendered_api_key_helper(policy: &Path, out: &Path) -> String {
@@ -103,7 +92,7 @@ async fn claude_code_api_key_helper_gets_a_governed_200_and_survives_expiry() {
     std::fs::write(&ca, &issuer.ca_pem).expect("CA");
     let auth_dir = tmp.path().join("auth");
     let policy = tmp.path().join("policy");
-    copy_dir(&workspace_root().join("examples/acme-corp"), &policy);
+    common::copy_dir(&workspace_root().join("examples/acme-corp"), &policy);
     let root = policy.join("halos.yaml");
     let yaml = std::fs::read_to_string(&root)
         .expect("halos.yaml")
@@ -118,23 +107,14 @@ async fn claude_code_api_key_helper_gets_a_governed_200_and_survives_expiry() {
 
     // Short-lived tokens, so the login's token expires during the test.
     issuer.set_token_lifetime(3);
-    let login = Command::new(BIN)
+    let mut login = Command::new(BIN);
+    login
         .args(["auth", "login", "--device", "--policy-dir"])
         .arg(&policy)
         .env("HALO_AUTH_DIR", &auth_dir)
         .env("HALO_AUTH_CA_FILE", &ca)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn login");
-    let code = tokio::task::block_in_place(|| {
-        wait_until("the device code", Duration::from_secs(20), || {
-            issuer.pending_user_code()
-        })
-    });
-    assert!(issuer.approve_device(&code));
-    let login = login.wait_with_output().expect("login");
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    let login = tokio::task::block_in_place(|| common::approved_device_login(login, &issuer));
     assert!(
         login.status.success(),
         "{}",
@@ -294,7 +274,8 @@ async fn real_claude_code_runs_halo_auth_token_as_its_api_key_helper() {
     std::fs::write(&ca, &issuer.ca_pem).expect("CA");
     let auth_dir = tmp.path().join("auth");
     issuer.set_token_lifetime(3);
-    let login = Command::new(BIN)
+    let mut login = Command::new(BIN);
+    login
         // The flags, not --policy-dir: this policy's loopback http upstream fails the
         // https guardrail that `halo auth login --policy-dir` enforces.
         .args(["auth", "login", "--device", "--audience", "api://halos"])
@@ -306,18 +287,8 @@ async fn real_claude_code_runs_halo_auth_token_as_its_api_key_helper() {
         ])
         .env("HALO_AUTH_DIR", &auth_dir)
         .env("HALO_AUTH_CA_FILE", &ca)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn login");
-    let code = tokio::task::block_in_place(|| {
-        wait_until("the device code", Duration::from_secs(20), || {
-            issuer.pending_user_code()
-        })
-    });
-    assert!(issuer.approve_device(&code));
-    let login = login.wait_with_output().expect("login");
+        .env_remove("DBUS_SESSION_BUS_ADDRESS");
+    let login = tokio::task::block_in_place(|| common::approved_device_login(login, &issuer));
     assert!(
         login.status.success(),
         "{}",
