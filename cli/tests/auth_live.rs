@@ -7,7 +7,8 @@
 //! fake Anthropic: a governed 200. When the access token expires, the helper refreshes it
 //! and the next call succeeds without the developer doing anything. The second test does
 //! the same with the real Claude Code (`claude -p`, halo_testkit::harness) running the real
-//! `halo auth token` as its apiKeyHelper.
+//! `halo auth token` as its apiKeyHelper, and the real Gemini CLI with the release's
+//! profile line putting `halo auth token`'s output in GEMINI_API_KEY.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -193,6 +194,178 @@ async fn claude_code_api_key_helper_gets_a_governed_200_and_survives_expiry() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("run `halo auth login`"));
 }
 
+/// A gateway (real Envoy) in front of the wire provider, a release for it built from a
+/// policy whose identity is the fake issuer, and a `halo auth login` whose token has
+/// already expired when this returns: the harness's first helper run must refresh.
+struct RealHarness {
+    issuer: FakeIssuer,
+    provider: halo_testkit::provider::WireProvider,
+    _gw: Gateway,
+    release: Vec<(String, Vec<u8>)>,
+    auth_dir: std::path::PathBuf,
+    ca: std::path::PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+const ANSWER: &str = "Hello from the Halos demo provider.";
+
+impl RealHarness {
+    async fn start() -> RealHarness {
+        use halo_release::adapters::Os;
+        use halo_testkit::harness;
+        use halo_testkit::provider::WireProvider;
+
+        const MODEL: &str = "claude-sonnet-4-5-20250929";
+        let cc = harness::pinned_for("claude-code");
+        let issuer = FakeIssuer::start();
+        issuer.set_user(
+            json!({"sub": "u-alice", "email": EMAIL, "email_verified": true, "groups": ["eng"]}),
+        );
+        let provider = WireProvider::start(true).await.expect("the provider");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let policy = tmp.path().join("policy");
+        std::fs::create_dir_all(&policy).expect("policy dir");
+        let files = [
+            (
+                "halos.yaml",
+                format!(
+                    "apiVersion: halos.dev/v1\norg: auth-org\nidentity:\n  issuer: {}\n  clientID: {}\n  audience: api://halos\n  claims:\n    user: email\n    groups: groups\n",
+                    issuer.issuer,
+                    issuer.client_id()
+                ),
+            ),
+            (
+                "gateway.yaml",
+                format!(
+                    "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience api://halos\nupstreams:\n  anthropic:\n    url: {}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  gemini:\n    url: {0}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\nmodels:\n  gemini-pro: {{upstream: gemini, model: gemini-2.5-pro}}\n  sonnet: {{upstream: anthropic, model: {MODEL}}}\n  opus: {{upstream: anthropic, model: {MODEL}}}\n  haiku: {{upstream: anthropic, model: {MODEL}}}\n  fable: {{upstream: anthropic, model: {MODEL}}}\n",
+                    provider.url()
+                ),
+            ),
+            (
+                "profile.yaml",
+                format!(
+                    "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nharnesses:\n  claude-code:\n    version: {}\n    model: sonnet\n  gemini-cli:\n    version: {}\n    model: gemini-pro\nmodels: [sonnet, opus, haiku, fable, gemini-pro]\n",
+                    cc.version,
+                    harness::pinned_for("gemini-cli").version
+                ),
+            ),
+            (
+                "rings.yaml",
+                "apiVersion: halos.dev/v1\nkind: Ring\nname: general\norder: 0\nprofile: dev\nmembership:\n  default: true\n".to_string(),
+            ),
+        ];
+        for (name, text) in files {
+            std::fs::write(policy.join(name), text).expect("write a policy file");
+        }
+        let mut org = halo_policy::load::load_dir(&policy).expect("the policy loads");
+        let gw = Gateway::start(
+            halo_policy::compile(&org),
+            GatewayOptions {
+                settings: json!({"upstreamHosts": ["127.0.0.1"]}),
+                env: vec![
+                    (
+                        "HALO_TEST_ANTHROPIC_KEY".into(),
+                        Some("sk-ant-gateway-own".into()),
+                    ),
+                    (
+                        "HALO_TEST_GEMINI_KEY".into(),
+                        Some("gemini-gateway-own".into()),
+                    ),
+                ],
+                ..GatewayOptions::default()
+            },
+        );
+        org.gateway.base_url = gw.base.clone();
+        let build = halo_release::build::build_ring(&org, "general").expect("the release builds");
+        let release: Vec<(String, Vec<u8>)> = build
+            .ring
+            .manifest
+            .files
+            .iter()
+            .filter(|f| f.os == Os::Linux)
+            .map(|f| (f.path.clone(), build.ring.blobs[&f.sha256].clone()))
+            .collect();
+
+        // Log in with tokens that live 3 s, and let the login's token expire.
+        let ca = tmp.path().join("ca.pem");
+        std::fs::write(&ca, &issuer.ca_pem).expect("CA");
+        let auth_dir = tmp.path().join("auth");
+        issuer.set_token_lifetime(3);
+        let mut login = Command::new(BIN);
+        login
+            // The flags, not --policy-dir: this policy's loopback http upstream fails the
+            // https guardrail that `halo auth login --policy-dir` enforces.
+            .args(["auth", "login", "--device", "--audience", "api://halos"])
+            .args([
+                "--issuer",
+                &issuer.issuer,
+                "--client-id",
+                issuer.client_id(),
+            ])
+            .env("HALO_AUTH_DIR", &auth_dir)
+            .env("HALO_AUTH_CA_FILE", &ca)
+            .env_remove("DBUS_SESSION_BUS_ADDRESS");
+        let login = tokio::task::block_in_place(|| common::approved_device_login(login, &issuer));
+        assert!(
+            login.status.success(),
+            "{}",
+            String::from_utf8_lossy(&login.stderr)
+        );
+        let expired_at = halo_auth::unix_now() + 3;
+        tokio::task::block_in_place(|| {
+            wait_until(
+                "the login's token to expire",
+                Duration::from_secs(10),
+                || (halo_auth::unix_now() > expired_at).then_some(()),
+            )
+        });
+
+        RealHarness {
+            issuer,
+            provider,
+            _gw: gw,
+            release,
+            auth_dir,
+            ca,
+            _tmp: tmp,
+        }
+    }
+
+    /// Run `program args` as `pinned` with the release at /etc and the real `halo` first on
+    /// PATH; the tool must answer, and its helper must have refreshed the expired token.
+    async fn run_answered(
+        &self,
+        pinned: &halo_testkit::harness::Pinned,
+        program: std::path::PathBuf,
+        args: &[&str],
+    ) {
+        let mut env = pinned.quiet_env();
+        env.push(("HALO_AUTH_DIR".into(), self.auth_dir.display().to_string()));
+        env.push(("HALO_AUTH_CA_FILE".into(), self.ca.display().to_string()));
+        let mut path_first = vec![Path::new(BIN).parent().expect("bin dir").to_path_buf()];
+        path_first.extend(pinned.binary().parent().map(Path::to_path_buf));
+        let run = halo_testkit::harness::Run {
+            program,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env,
+            path_first,
+            etc_files: self.release.clone(),
+            home_files: pinned.home_files(),
+            timeout: Duration::from_secs(90),
+        };
+        let out = tokio::task::spawn_blocking(move || halo_testkit::harness::run(&run))
+            .await
+            .expect("the harness run");
+        assert_eq!(out.code, Some(0), "{}", out.describe());
+        assert!(out.stdout.contains(ANSWER), "{}", out.describe());
+        assert!(self.provider.calls() > 0, "the provider saw the call");
+        assert!(
+            self.issuer.grants().iter().any(|g| g == "refresh_token"),
+            "the helper refreshed the expired token"
+        );
+    }
+}
+
 /// The real Claude Code (`claude -p`, the version scripts/harnesses.txt pins) with the
 /// release's managed settings at /etc/claude-code (halo_testkit::harness lays them over
 /// /etc in a private mount namespace) and the real `halo` on PATH: its apiKeyHelper runs
@@ -200,131 +373,20 @@ async fn claude_code_api_key_helper_gets_a_governed_200_and_survives_expiry() {
 /// the call through Envoy is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_claude_code_runs_halo_auth_token_as_its_api_key_helper() {
-    use halo_release::adapters::Os;
-    use halo_testkit::harness::{self, Run};
-    use halo_testkit::provider::WireProvider;
+    let h = RealHarness::start().await;
+    let cc = halo_testkit::harness::pinned_for("claude-code");
+    h.run_answered(&cc, cc.binary(), &["-p", "Say hello"]).await;
+}
 
-    const ANSWER: &str = "Hello from the Halos demo provider.";
-    const MODEL: &str = "claude-sonnet-4-5-20250929";
-    let cc = harness::pinned_for("claude-code");
-    let issuer = FakeIssuer::start();
-    issuer.set_user(
-        json!({"sub": "u-alice", "email": EMAIL, "email_verified": true, "groups": ["eng"]}),
-    );
-    let provider = WireProvider::start(true).await.expect("the provider");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let policy = tmp.path().join("policy");
-    std::fs::create_dir_all(&policy).expect("policy dir");
-    let files = [
-        (
-            "halos.yaml",
-            format!(
-                "apiVersion: halos.dev/v1\norg: auth-org\nidentity:\n  issuer: {}\n  clientID: {}\n  audience: api://halos\n  claims:\n    user: email\n    groups: groups\n",
-                issuer.issuer,
-                issuer.client_id()
-            ),
-        ),
-        (
-            "gateway.yaml",
-            format!(
-                "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience api://halos\nupstreams:\n  anthropic:\n    url: {}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\nmodels:\n  sonnet: {{upstream: anthropic, model: {MODEL}}}\n  opus: {{upstream: anthropic, model: {MODEL}}}\n  haiku: {{upstream: anthropic, model: {MODEL}}}\n  fable: {{upstream: anthropic, model: {MODEL}}}\n",
-                provider.url()
-            ),
-        ),
-        (
-            "profile.yaml",
-            format!(
-                "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nharnesses:\n  claude-code:\n    version: {}\n    model: sonnet\nmodels: [sonnet, opus, haiku, fable]\n",
-                cc.version
-            ),
-        ),
-        (
-            "rings.yaml",
-            "apiVersion: halos.dev/v1\nkind: Ring\nname: general\norder: 0\nprofile: dev\nmembership:\n  default: true\n".to_string(),
-        ),
-    ];
-    for (name, text) in files {
-        std::fs::write(policy.join(name), text).expect("write a policy file");
-    }
-    let mut org = halo_policy::load::load_dir(&policy).expect("the policy loads");
-    let gw = Gateway::start(
-        halo_policy::compile(&org),
-        GatewayOptions {
-            settings: json!({"upstreamHosts": ["127.0.0.1"]}),
-            env: vec![(
-                "HALO_TEST_ANTHROPIC_KEY".into(),
-                Some("sk-ant-gateway-own".into()),
-            )],
-            ..GatewayOptions::default()
-        },
-    );
-    org.gateway.base_url = gw.base.clone();
-    let build = halo_release::build::build_ring(&org, "general").expect("the release builds");
-    let release: Vec<(String, Vec<u8>)> = build
-        .ring
-        .manifest
-        .files
-        .iter()
-        .filter(|f| f.os == Os::Linux)
-        .map(|f| (f.path.clone(), build.ring.blobs[&f.sha256].clone()))
-        .collect();
-
-    // Log in with tokens that live 3 s, and let the login's token expire.
-    let ca = tmp.path().join("ca.pem");
-    std::fs::write(&ca, &issuer.ca_pem).expect("CA");
-    let auth_dir = tmp.path().join("auth");
-    issuer.set_token_lifetime(3);
-    let mut login = Command::new(BIN);
-    login
-        // The flags, not --policy-dir: this policy's loopback http upstream fails the
-        // https guardrail that `halo auth login --policy-dir` enforces.
-        .args(["auth", "login", "--device", "--audience", "api://halos"])
-        .args([
-            "--issuer",
-            &issuer.issuer,
-            "--client-id",
-            issuer.client_id(),
-        ])
-        .env("HALO_AUTH_DIR", &auth_dir)
-        .env("HALO_AUTH_CA_FILE", &ca)
-        .env_remove("DBUS_SESSION_BUS_ADDRESS");
-    let login = tokio::task::block_in_place(|| common::approved_device_login(login, &issuer));
-    assert!(
-        login.status.success(),
-        "{}",
-        String::from_utf8_lossy(&login.stderr)
-    );
-    let expired_at = halo_auth::unix_now() + 3;
-    tokio::task::block_in_place(|| {
-        wait_until(
-            "the login's token to expire",
-            Duration::from_secs(10),
-            || (halo_auth::unix_now() > expired_at).then_some(()),
-        )
-    });
-
-    let mut env = cc.quiet_env();
-    env.push(("HALO_AUTH_DIR".into(), auth_dir.display().to_string()));
-    env.push(("HALO_AUTH_CA_FILE".into(), ca.display().to_string()));
-    let mut path_first = vec![Path::new(BIN).parent().expect("bin dir").to_path_buf()];
-    path_first.extend(cc.binary().parent().map(Path::to_path_buf));
-    let run = Run {
-        program: cc.binary(),
-        args: vec!["-p".into(), "Say hello".into()],
-        env,
-        path_first,
-        etc_files: release,
-        home_files: cc.home_files(),
-        timeout: Duration::from_secs(90),
-    };
-    let out = tokio::task::spawn_blocking(move || harness::run(&run))
-        .await
-        .expect("the harness run");
-    assert_eq!(out.code, Some(0), "{}", out.describe());
-    assert!(out.stdout.contains(ANSWER), "{}", out.describe());
-    assert!(provider.calls() > 0, "the provider saw the call");
-    assert!(
-        issuer.grants().iter().any(|g| g == "refresh_token"),
-        "the helper refreshed the expired token"
-    );
+/// The real Gemini CLI from a login shell that sources the release's profile script:
+/// `GEMINI_API_KEY="$(sh -c 'halo auth token ...')"`, sent as x-goog-api-key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_gemini_cli_gets_its_key_from_halo_auth_token() {
+    let h = RealHarness::start().await;
+    let gemini = halo_testkit::harness::pinned_for("gemini-cli");
+    let profile =
+        halo_release::adapters::gemini_cli::profile_path(halo_release::adapters::Os::Linux)
+            .expect("a profile script on linux");
+    let line = format!(". {profile} && exec {} -p 'Say hello'", gemini.command);
+    h.run_answered(&gemini, "sh".into(), &["-c", &line]).await;
 }
