@@ -5,10 +5,11 @@
 //! the key, sent as `x-api-key` and `Authorization: Bearer`), and the call goes through a
 //! real Envoy (jwt_authn verifying the fake issuer's EdDSA tokens, the halo filter) to a
 //! fake Anthropic: a governed 200. When the access token expires, the helper refreshes it
-//! and the next call succeeds without the developer doing anything. The second test does
+//! and the next call succeeds without the developer doing anything. The other tests do
 //! the same with the real Claude Code (`claude -p`, halo_testkit::harness) running the real
-//! `halo auth token` as its apiKeyHelper, and the real Gemini CLI with the release's
-//! profile line putting `halo auth token`'s output in GEMINI_API_KEY.
+//! `halo auth token` as its apiKeyHelper, the real Gemini CLI with the release's profile
+//! line putting `halo auth token`'s output in GEMINI_API_KEY, and the real Codex with the
+//! token as its provider's auth command; each refreshes an expired login token.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -237,16 +238,17 @@ impl RealHarness {
             (
                 "gateway.yaml",
                 format!(
-                    "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience api://halos\nupstreams:\n  anthropic:\n    url: {}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  gemini:\n    url: {0}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\nmodels:\n  gemini-pro: {{upstream: gemini, model: gemini-2.5-pro}}\n  sonnet: {{upstream: anthropic, model: {MODEL}}}\n  opus: {{upstream: anthropic, model: {MODEL}}}\n  haiku: {{upstream: anthropic, model: {MODEL}}}\n  fable: {{upstream: anthropic, model: {MODEL}}}\n",
+                    "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience api://halos\nupstreams:\n  anthropic:\n    url: {}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  gemini:\n    url: {0}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\n  openai:\n    url: {0}\n    kind: openai\n    credential:\n      env: HALO_TEST_OPENAI_KEY\nmodels:\n  gemini-pro: {{upstream: gemini, model: gemini-2.5-pro}}\n  gpt: {{upstream: openai, model: gpt-5-codex}}\n  sonnet: {{upstream: anthropic, model: {MODEL}}}\n  opus: {{upstream: anthropic, model: {MODEL}}}\n  haiku: {{upstream: anthropic, model: {MODEL}}}\n  fable: {{upstream: anthropic, model: {MODEL}}}\n",
                     provider.url()
                 ),
             ),
             (
                 "profile.yaml",
                 format!(
-                    "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nharnesses:\n  claude-code:\n    version: {}\n    model: sonnet\n  gemini-cli:\n    version: {}\n    model: gemini-pro\nmodels: [sonnet, opus, haiku, fable, gemini-pro]\n",
+                    "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nharnesses:\n  claude-code:\n    version: {}\n    model: sonnet\n  gemini-cli:\n    version: {}\n    model: gemini-pro\n  codex:\n    version: {}\n    model: gpt\nmodels: [sonnet, opus, haiku, fable, gemini-pro, gpt]\n",
                     cc.version,
-                    harness::pinned_for("gemini-cli").version
+                    harness::pinned_for("gemini-cli").version,
+                    harness::pinned_for("codex").version
                 ),
             ),
             (
@@ -270,6 +272,10 @@ impl RealHarness {
                     (
                         "HALO_TEST_GEMINI_KEY".into(),
                         Some("gemini-gateway-own".into()),
+                    ),
+                    (
+                        "HALO_TEST_OPENAI_KEY".into(),
+                        Some("sk-openai-gateway-own".into()),
                     ),
                 ],
                 ..GatewayOptions::default()
@@ -389,4 +395,18 @@ async fn real_gemini_cli_gets_its_key_from_halo_auth_token() {
             .expect("a profile script on linux");
     let line = format!(". {profile} && exec {} -p 'Say hello'", gemini.command);
     h.run_answered(&gemini, "sh".into(), &["-c", &line]).await;
+}
+
+/// The real Codex with the release's managed_config.toml: the halos provider's auth command
+/// is `halo auth token ...`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_codex_gets_its_token_from_halo_auth_token() {
+    let h = RealHarness::start().await;
+    let codex = halo_testkit::harness::pinned_for("codex");
+    h.run_answered(
+        &codex,
+        codex.binary(),
+        &["exec", "--skip-git-repo-check", "Say hello"],
+    )
+    .await;
 }
