@@ -400,6 +400,22 @@ fn audit(store: &dyn Store, record: serde_json::Value) -> Result<(), StoreError>
     store.append(Log::Audit, &record)
 }
 
+/// The audit record of a kill or unkill (an admin's or the controller's).
+pub(crate) fn audit_kill(store: &dyn Store, rec: &KillRecord) -> Result<(), StoreError> {
+    audit(
+        store,
+        json!({
+            "at": now_rfc3339(),
+            "actor": rec.actor,
+            "action": rec.action,
+            "target": rec.target,
+            "name": rec.name,
+            "reason": rec.reason,
+            "seq": rec.seq,
+        }),
+    )
+}
+
 // ---------------------------------------------------------------------------
 // Kill switch
 // ---------------------------------------------------------------------------
@@ -489,20 +505,7 @@ async fn change(
     }
     let store = Arc::clone(&state.store);
     let actor = admin.user.clone();
-    let audit_record = |rec: &KillRecord| {
-        audit(
-            store.as_ref(),
-            json!({
-                "at": now_rfc3339(),
-                "actor": rec.actor,
-                "action": rec.action,
-                "target": rec.target,
-                "name": rec.name,
-                "reason": rec.reason,
-                "seq": rec.seq,
-            }),
-        )
-    };
+    let audit_record = |rec: &KillRecord| audit_kill(store.as_ref(), rec);
     let outcome = ks
         .change(&actor, action, target, &name, reason, audit_record)
         .await

@@ -11,12 +11,14 @@
 //! - [`fleet`]: enrollment tokens, device tokens, reports.
 //! - [`token`]: shared-secret rules (ADR-0009 final amendment), digests, minting.
 //! - [`throttle`]: per-address slowing and blocking of failed token attempts.
+//! - [`controller`]: halo-controller's kill-switch port onto this server's switch.
 //! - [`store`]: the append-only log trait and its file and memory implementations.
 //! - [`metrics`]: Prometheus text for /metrics.
 
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod controller;
 pub mod fleet;
 pub mod killswitch;
 pub mod metrics;
