@@ -12,6 +12,8 @@
 //! - [`eventstream::EventStreamToSse`]: the Bedrock `invoke-with-response-stream` answer
 //!   (AWS event stream, binary frames) turned into Anthropic SSE incrementally, for an
 //!   Anthropic client.
+//! - [`usage::Meter`]: the token usage of an answer, read as it streams by (JSON, SSE,
+//!   AWS event stream), for the evidence record.
 //!
 //! Credentials are not here: the per-attempt stage never holds a secret. Envoy's own
 //! filters add them after this stage (docs/ARCHITECTURE.md, "Per-attempt credentials").
@@ -19,6 +21,7 @@
 pub mod eventstream;
 mod json;
 mod translate;
+pub mod usage;
 
 pub use translate::{
     BEDROCK_ANTHROPIC_VERSION, Dropped, Inbound, Outbound, ResponseConversion, Skip,
