@@ -59,6 +59,27 @@ fn validate_accepts_the_example() {
         "{}",
         stdout(&out)
     );
+    // Every routed model is priced: no warning.
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+}
+
+#[test]
+fn validate_warns_for_a_routed_model_without_a_price() {
+    let repo = example_copy();
+    edit(
+        &repo.path().join("gateway.yaml"),
+        "  openai:\n    gpt-5-codex:",
+        "  openai:\n    gpt-4o:",
+    );
+    let out = halo(&["validate", "--policy-dir", repo.path().to_str().unwrap()]);
+    assert!(out.status.success(), "a warning only: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("warning: gateway.yaml")
+            && err.contains("models.gpt.targets[0]")
+            && err.contains("[unpriced]"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -231,9 +231,64 @@ pub struct Gateway {
     /// Named backends.
     #[serde(default)]
     pub upstreams: BTreeMap<String, Upstream>,
+    /// What each upstream charges per model: upstream name -> the model as a target names
+    /// it -> prices. A routed model without a price has an unknown cost (never zero).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, BTreeMap<String, Price>>,
 }
 
+/// USD per million tokens, by how the tokens are billed (see halo-providers' `usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Price {
+    /// Prompt tokens not read from the cache.
+    pub input: f64,
+    /// Completion tokens, reasoning included.
+    pub output: f64,
+    /// Prompt tokens written to the cache; unset: the provider does not bill writes apart
+    /// (they count as input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+    /// Prompt tokens read from the cache; unset: billed as input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+}
+
+impl Price {
+    /// The cost in USD of a call's tokens; `None` when input or output is unknown (a
+    /// partial count must not look like a cheap call). Cache counts not reported are 0.
+    pub fn cost_usd(
+        &self,
+        input: Option<u64>,
+        output: Option<u64>,
+        cache_write: Option<u64>,
+        cache_read: Option<u64>,
+    ) -> Option<f64> {
+        let per_token = |n: u64, usd_per_million: f64| n as f64 * usd_per_million / 1e6;
+        Some(
+            per_token(input?, self.input)
+                + per_token(output?, self.output)
+                + per_token(
+                    cache_write.unwrap_or(0),
+                    self.cache_write.unwrap_or(self.input),
+                )
+                + per_token(
+                    cache_read.unwrap_or(0),
+                    self.cache_read.unwrap_or(self.input),
+                ),
+        )
+    }
+}
+
+/// The most a price may say (USD per million tokens): a larger one is a typo.
+pub const MAX_PRICE_USD: f64 = 10_000.0;
+
 impl Gateway {
+    /// The price of `model` on `upstream`, when the price table has one.
+    pub fn price(&self, upstream: &str, model: &str) -> Option<&Price> {
+        self.prices.get(upstream)?.get(model)
+    }
+
     /// The wire `harness` speaks to this gateway.
     pub fn protocol(&self, harness: Harness) -> WireProtocol {
         self.protocols

@@ -11,16 +11,19 @@
 //! Rules: `reference` (a name points at nothing, or at the wrong kind of thing),
 //! `form` (a field is missing, doubled or badly spelled: route forms, digests, dates,
 //! durations, URLs), `range` (a number out of bounds), `name` (a name that cannot travel
-//! in a URL or header), the warning `unusable` (a target no harness can reach) and the
+//! in a URL or header), the warning `unusable` (a target no harness can reach), the
 //! warning `unmapped-model` (a model family Claude Code resolves itself to an id the
-//! gateway refuses, see [`crate::harness_models`]).
+//! gateway refuses, see [`crate::harness_models`]) and the warning `unpriced` (a routed
+//! model the price table does not price: its cost is unknown).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::guardrails::{self, Guardrail};
 use crate::harness_models::{self, FamilyModel};
 use crate::issue::Issue;
-use crate::types::{Axis, CONTROL_VARIANT, Harness, Kind, ModelRoute, Org, Source, Target};
+use crate::types::{
+    Axis, CONTROL_VARIANT, Harness, Kind, MAX_PRICE_USD, ModelRoute, Org, Source, Target,
+};
 
 /// Rule for names that point at nothing (or at the wrong kind of thing).
 pub const RULE_REFERENCE: &str = "reference";
@@ -34,6 +37,8 @@ pub const RULE_NAME: &str = "name";
 pub const RULE_UNUSABLE: &str = "unusable";
 /// Warning rule for a model a harness may ask for that is not a Gateway alias.
 pub const RULE_UNMAPPED_MODEL: &str = "unmapped-model";
+/// Warning rule for a routed model without a price (its calls' cost is unknown).
+pub const RULE_UNPRICED: &str = "unpriced";
 
 /// Largest timeout a route target or hook may set, in seconds.
 pub const MAX_TIMEOUT_SECONDS: u32 = 3600;
@@ -578,6 +583,80 @@ impl Checker<'_> {
             let path = field_key("models", alias);
             self.name(doc, path.clone(), "model alias", alias);
             self.route(doc, &path, route);
+        }
+        self.prices();
+    }
+
+    /// Prices name known upstreams and are finite, non-negative and below
+    /// [`MAX_PRICE_USD`]; every routed (upstream, model) has one, else a warning.
+    fn prices(&mut self) {
+        let doc = Doc(Kind::Gateway, "");
+        let gateway = &self.org.gateway;
+        for (upstream, models) in &gateway.prices {
+            let base = field_key("prices", upstream);
+            if !gateway.upstreams.contains_key(upstream) {
+                self.error(
+                    doc,
+                    base.clone(),
+                    RULE_REFERENCE,
+                    format!("upstream {upstream:?} is not in the Gateway's upstreams"),
+                );
+            }
+            for (model, price) in models {
+                let mpath = field_key(&base, model);
+                let fields = [
+                    ("input", Some(price.input)),
+                    ("output", Some(price.output)),
+                    ("cacheWrite", price.cache_write),
+                    ("cacheRead", price.cache_read),
+                ];
+                for (name, value) in fields {
+                    if let Some(v) = value
+                        && !(v.is_finite() && (0.0..=MAX_PRICE_USD).contains(&v))
+                    {
+                        self.error(
+                            doc,
+                            field_key(&mpath, name),
+                            RULE_RANGE,
+                            format!(
+                                "price is {v}; it must be 0 to {MAX_PRICE_USD} USD per million tokens"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        for (alias, route) in &gateway.models {
+            let path = field_key("models", alias);
+            let targets: Vec<(String, &str, &str)> = match (&route.upstream, &route.model) {
+                (Some(up), Some(model)) => vec![(path.clone(), up.as_str(), model.as_str())],
+                _ => route
+                    .targets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        (
+                            field_index(&field_key(&path, "targets"), i),
+                            t.upstream.as_str(),
+                            t.model.as_str(),
+                        )
+                    })
+                    .collect(),
+            };
+            for (tpath, upstream, model) in targets {
+                if gateway.upstreams.contains_key(upstream)
+                    && gateway.price(upstream, model).is_none()
+                {
+                    self.warning(
+                        doc,
+                        tpath,
+                        RULE_UNPRICED,
+                        format!(
+                            "model {model:?} on upstream {upstream:?} has no price in prices: the cost of its calls is unknown"
+                        ),
+                    );
+                }
+            }
         }
     }
 

@@ -64,6 +64,16 @@ fn org() -> Org {
                 ]},
                 "gpt": {"upstream": "openai", "model": "gpt-5"},
                 "gemini-pro": {"upstream": "gemini", "model": "gemini-2.5-pro"}
+            },
+            "prices": {
+                "anthropic": {
+                    "claude-opus-4-1": {"input": 15, "output": 75, "cacheWrite": 18.75, "cacheRead": 1.5},
+                    "claude-sonnet-4-5": {"input": 3, "output": 15, "cacheWrite": 3.75, "cacheRead": 0.3}
+                },
+                "vertex": {"claude-sonnet-4-5@20250929": {"input": 3, "output": 15}},
+                "bedrock": {"us.anthropic.claude-sonnet-4-5": {"input": 3, "output": 15}},
+                "openai": {"gpt-5": {"input": 1.25, "output": 10, "cacheRead": 0.125}},
+                "gemini": {"gemini-2.5-pro": {"input": 1.25, "output": 10}}
             }
         })),
         ..Org::default()
@@ -297,6 +307,74 @@ fn route(upstream: &str, model: &str) -> ModelRoute {
 fn the_example_org_validates_clean() {
     let issues = validate(&org());
     assert!(issues.is_empty(), "unexpected issues:\n{}", render(&issues));
+}
+
+// ---------------------------------------------------------------------------
+// Prices
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_routed_model_without_a_price_is_a_warning() {
+    let mut org = org();
+    org.gateway
+        .prices
+        .get_mut("anthropic")
+        .unwrap()
+        .remove("claude-opus-4-1");
+    let issues = of_rule(&org, "unpriced");
+    assert_eq!(issues.len(), 1, "{}", render(&issues));
+    assert_eq!(issues[0].field, "models.opus");
+    assert_eq!(issues[0].severity, Severity::Warning);
+    assert!(
+        issues[0].message.contains("claude-opus-4-1"),
+        "{}",
+        issues[0]
+    );
+    // In the targets form the warning names the target.
+    org.gateway.prices.get_mut("vertex").unwrap().clear();
+    let fields: Vec<String> = of_rule(&org, "unpriced")
+        .into_iter()
+        .map(|i| i.field)
+        .collect();
+    assert_eq!(fields, ["models.opus", "models.sonnet.targets[1]"]);
+}
+
+#[test]
+fn prices_name_upstreams_and_are_in_range() {
+    let mut org = org();
+    let price = Price {
+        input: -1.0,
+        output: f64::NAN,
+        cache_write: Some(MAX_PRICE_USD * 2.0),
+        cache_read: Some(0.0),
+    };
+    org.gateway
+        .prices
+        .entry("nowhere".into())
+        .or_default()
+        .insert("m".into(), price);
+    let issue = expect(&org, "reference", Kind::Gateway, "", "prices.nowhere");
+    assert!(issue.message.contains("nowhere"), "{issue}");
+    expect(&org, "range", Kind::Gateway, "", "prices.nowhere.m.input");
+    expect(&org, "range", Kind::Gateway, "", "prices.nowhere.m.output");
+    expect(
+        &org,
+        "range",
+        Kind::Gateway,
+        "",
+        "prices.nowhere.m.cacheWrite",
+    );
+    let cache_read = validate(&org)
+        .into_iter()
+        .any(|i| i.field == "prices.nowhere.m.cacheRead");
+    assert!(!cache_read, "a zero price is a price");
+}
+
+#[test]
+fn a_price_field_unknown_is_refused_by_the_decoder() {
+    let err = serde_json::from_value::<Price>(json!({"input": 1, "output": 2, "cached": 3}))
+        .expect_err("unknown field");
+    assert!(err.to_string().contains("cached"), "{err}");
 }
 
 // ---------------------------------------------------------------------------
@@ -960,6 +1038,10 @@ fn a_target_no_harness_can_use_is_a_warning() {
     org.gateway
         .models
         .insert("gpt".into(), route("azure", "gpt-5"));
+    let priced = org.gateway.prices["openai"]["gpt-5"];
+    org.gateway
+        .prices
+        .insert("azure".into(), [("gpt-5".to_string(), priced)].into());
     let issues = validate(&org);
     assert_eq!(issues.len(), 1, "{}", render(&issues));
     let issue = &issues[0];
