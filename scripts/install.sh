@@ -26,6 +26,15 @@ if ! command -v docker-registry >/dev/null 2>&1; then
   apt-get install -y -qq docker-registry >/dev/null
 fi
 
+# PostgreSQL for the evidence store's second backend (halo-testkit starts one per test
+# process as `nobody`, on loopback; never as a system service). Debian's package also
+# enables a cluster service: nothing here starts it. setpriv (util-linux) drops root.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq postgresql >/dev/null
+fi
+
 # kubectl for `kubectl kustomize` of the Istio kustomize base (mesh/tests/kustomize.rs):
 # the machine image's cloud SDK repository has a current one; Debian's kubernetes-client
 # is the fallback.

@@ -703,14 +703,14 @@ impl JsonTap {
 
     /// A value (scalar, string or container) just ended.
     fn value_ended(&mut self, found: &mut Vec<(Path, Vec<u8>)>) {
-        if let Some(c) = &self.capture
-            && c.depth == self.stack.len()
+        if self
+            .capture
+            .as_ref()
+            .is_some_and(|c| c.depth == self.stack.len())
+            && let Some(c) = self.capture.take()
+            && !c.overflow
         {
-            if let Some(c) = self.capture.take()
-                && !c.overflow
-            {
-                found.push((c.path, c.bytes));
-            }
+            found.push((c.path, c.bytes));
         }
         if self.stack.is_empty() {
             self.closed = true;

@@ -6,7 +6,8 @@
 //! sleep. Blocking std only, so any test (sync or tokio) can use it. Feature `oidc` adds
 //! a fake OIDC identity provider ([`oidc::FakeIssuer`]); feature `google` a fake Google
 //! token endpoint, metadata server and Vertex ([`google`], tokio and axum).
-//! Feature `provider` adds a model provider speaking every wire ([`provider`]).
+//! Feature `provider` adds a model provider speaking every wire ([`provider`]); feature
+//! `postgres` one PostgreSQL per test process with a database per test ([`postgres`]).
 //! [`harness`] finds the pinned real coding tools and runs one with a release's files.
 
 pub mod cpu;
@@ -19,6 +20,8 @@ pub mod harness;
 pub mod http;
 #[cfg(feature = "oidc")]
 pub mod oidc;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "provider")]
 pub mod provider;
 pub mod registry;
