@@ -59,8 +59,8 @@ fn validate_accepts_the_example() {
         "{}",
         stdout(&out)
     );
-    // Every routed model is priced: no warning.
-    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    // Every routed model is priced: no unpriced warning.
+    assert!(!stderr(&out).contains("[unpriced]"), "{}", stderr(&out));
 }
 
 #[test]
