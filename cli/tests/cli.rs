@@ -116,6 +116,25 @@ fn validate_refuses_a_bypass_token_naming_file_and_field() {
     assert!(err.contains("guardNoBypass"), "{err}");
 }
 
+/// The spec says an azure-openai upstream's credential is required (issue 27, item 11).
+#[test]
+fn validate_refuses_an_azure_openai_upstream_without_a_credential() {
+    let repo = example_copy();
+    edit(
+        &repo.path().join("gateway.yaml"),
+        "    apiVersion: 2025-04-01-preview\n    credential:\n      env: AZURE_OPENAI_API_KEY\n",
+        "    apiVersion: 2025-04-01-preview\n",
+    );
+    let out = halo(&["validate", "--policy-dir", repo.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("gateway.yaml"), "{err}");
+    assert!(
+        err.contains("upstreams.azure-openai-eus2.credential"),
+        "{err}"
+    );
+}
+
 #[test]
 fn validate_lists_every_problem_not_just_the_first() {
     let repo = example_copy();

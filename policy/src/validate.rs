@@ -23,6 +23,7 @@ use crate::harness_models::{self, FamilyModel};
 use crate::issue::Issue;
 use crate::types::{
     Axis, CONTROL_VARIANT, Harness, Kind, MAX_PRICE_USD, ModelRoute, Org, Source, Target,
+    UpstreamKind,
 };
 
 /// Rule for names that point at nothing (or at the wrong kind of thing).
@@ -560,6 +561,16 @@ impl Checker<'_> {
             let base = field_key("upstreams", name);
             self.name(doc, base.clone(), "upstream name", name);
             self.url(doc, field_key(&base, "url"), &up.url);
+            if up.kind == UpstreamKind::AzureOpenai && up.credential.is_none() {
+                // The spec: "credential is required". Without one every call would reach
+                // Azure keyless and fail there, or not at all.
+                self.error(
+                    doc,
+                    field_key(&base, "credential"),
+                    RULE_FORM,
+                    "an azure-openai upstream needs a credential (env or file holding its api-key): the gateway sends Azure no other authentication",
+                );
+            }
             if let Some(cred) = &up.credential {
                 let path = field_key(&base, "credential");
                 match (&cred.env, &cred.file) {

@@ -1013,6 +1013,41 @@ fn names_are_lowercase_dns_labels() {
     expect(&org, "name", Kind::Profile, "Beta", "name");
 }
 
+/// The spec: an azure-openai upstream's "credential is required" (issue 27, item 11).
+#[test]
+fn an_azure_openai_upstream_needs_a_credential() {
+    let mut org = org();
+    let azure = || Upstream {
+        url: "https://acme.openai.azure.com".into(),
+        kind: UpstreamKind::AzureOpenai,
+        region: None,
+        project: None,
+        api_version: None,
+        credential: None,
+    };
+    org.gateway.upstreams.insert("azure".into(), azure());
+    let issue = expect(
+        &org,
+        "form",
+        Kind::Gateway,
+        "",
+        "upstreams.azure.credential",
+    );
+    assert!(issue.message.contains("azure-openai"), "{issue}");
+    // With one it validates clean.
+    org.gateway.upstreams.insert(
+        "azure".into(),
+        Upstream {
+            credential: Some(Credential {
+                env: Some("AZURE_OPENAI_API_KEY".into()),
+                file: None,
+            }),
+            ..azure()
+        },
+    );
+    assert!(validate(&org).is_empty(), "{}", render(&validate(&org)));
+}
+
 #[test]
 fn a_target_no_harness_can_use_is_a_warning() {
     let mut org = org();
