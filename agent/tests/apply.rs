@@ -147,6 +147,7 @@ impl World {
             key,
             &self.seqs,
             OffsetDateTime::now_utc(),
+            None,
             &quiet,
         )
         .await

@@ -51,6 +51,10 @@ pub enum ReleaseCommand {
         /// The release signing key (PKCS#8 PEM, from `halo keys generate`).
         #[arg(long, value_name = "FILE")]
         key: PathBuf,
+        /// As on `promote`: overwrite this ring's pointers signed by KEYID, a key that is
+        /// not yours. See docs/runbooks.md, "A foreign pointer".
+        #[arg(long, value_name = "KEYID")]
+        replace_foreign_pointer: Option<String>,
         #[command(flatten)]
         registry: RegistryArgs,
     },
@@ -62,6 +66,12 @@ pub enum ReleaseCommand {
         release_version: String,
         #[arg(long, value_name = "FILE")]
         key: PathBuf,
+        /// Overwrite this ring's pointers that are signed by KEYID, a key that is not
+        /// yours (the id publish or promote showed when they refused). Only pointers
+        /// claiming exactly KEYID are replaced; anything else still refuses. See
+        /// docs/runbooks.md, "A foreign pointer", before using it.
+        #[arg(long, value_name = "KEYID")]
+        replace_foreign_pointer: Option<String>,
         #[command(flatten)]
         registry: RegistryArgs,
     },
@@ -129,6 +139,7 @@ pub fn run(command: ReleaseCommand) -> Result<(), Failure> {
             ring,
             release_version,
             key,
+            replace_foreign_pointer,
             registry,
         } => {
             let org = load_valid(&policy_dir)?;
@@ -144,6 +155,7 @@ pub fn run(command: ReleaseCommand) -> Result<(), Failure> {
                 &signer,
                 &recorded,
                 OffsetDateTime::now_utc(),
+                replace_foreign_pointer.as_deref(),
                 &progress,
             ));
             finish(report, &reg, state.as_deref(), recorded)
@@ -152,6 +164,7 @@ pub fn run(command: ReleaseCommand) -> Result<(), Failure> {
             ring,
             release_version,
             key,
+            replace_foreign_pointer,
             registry,
         } => {
             let signer = load_signer(&key)?;
@@ -165,6 +178,7 @@ pub fn run(command: ReleaseCommand) -> Result<(), Failure> {
                 &signer,
                 &recorded,
                 OffsetDateTime::now_utc(),
+                replace_foreign_pointer.as_deref(),
                 &progress,
             ));
             finish(report, &reg, state.as_deref(), recorded)

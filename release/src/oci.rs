@@ -80,6 +80,18 @@ pub enum OciError {
     NotFound(String),
     #[error("verification failed: {0}")]
     Verify(String),
+    /// The current pointer at `tag` does not verify with the publishing key. `key_id` is
+    /// the key id its manifest claims (unverified; `unsigned` without a signature).
+    #[error(
+        "verification failed: the current {tag} is signed by key {key_id}, not by the publishing key {own_key_id} (wrong --key? or a pointer written by someone else: {detail}); no pointer was moved. If you publish with {own_key_id} and {key_id} is not one of your keys, follow the runbook (docs/runbooks.md, \"A foreign pointer\"): `halo release promote --ring {ring} --release-version <last good version> --key <your key> --replace-foreign-pointer {key_id}`"
+    )]
+    ForeignPointer {
+        tag: String,
+        ring: String,
+        key_id: String,
+        own_key_id: String,
+        detail: String,
+    },
     #[error(transparent)]
     Tag(#[from] TagError),
     #[error(transparent)]
@@ -133,6 +145,11 @@ impl ImageManifest {
 
     fn signature(&self) -> Option<&str> {
         self.annotations.get(ANN_SIGNATURE).map(String::as_str)
+    }
+
+    /// The key id the manifest claims to be signed by (not verified).
+    fn claimed_key_id(&self) -> Option<&str> {
+        self.annotations.get(ANN_KEYID).map(String::as_str)
     }
 }
 
@@ -623,7 +640,9 @@ struct PointerTarget {
 }
 
 /// Publish a ring: every channel release, then the ring release; then the pointers.
-/// `recorded` holds the last seq this publisher wrote per pointer tag.
+/// `recorded` holds the last seq this publisher wrote per pointer tag;
+/// `replace_foreign` is as in [`promote_ring`].
+#[allow(clippy::too_many_arguments)]
 pub async fn publish_ring(
     reg: &Registry,
     build: &RingBuild,
@@ -631,8 +650,10 @@ pub async fn publish_ring(
     signer: &Signer,
     recorded: &BTreeMap<String, u64>,
     now: OffsetDateTime,
+    replace_foreign: Option<&str>,
     progress: Progress<'_>,
 ) -> Result<PublishReport, OciError> {
+    refuse_own_key_id(signer, replace_foreign)?;
     // Sign everything before anything is pushed.
     let mut prepared = Vec::new();
     for release in build.channels.iter().chain(std::iter::once(&build.ring)) {
@@ -663,7 +684,16 @@ pub async fn publish_ring(
             manifest: p.manifest.clone(),
         })
         .collect();
-    let pointers = preflight_pointers(reg, &targets, signer, recorded, now).await?;
+    let pointers = preflight_pointers(
+        reg,
+        &targets,
+        signer,
+        recorded,
+        now,
+        replace_foreign,
+        progress,
+    )
+    .await?;
     let mut report = PublishReport::default();
     let total = prepared.len();
     for (i, (p, already)) in prepared.iter().zip(exists).enumerate() {
@@ -706,6 +736,14 @@ pub async fn publish_ring(
 
 /// Point a ring (and the channels its release lists) at an already published version:
 /// promotion, or rollback to an older version with a higher seq.
+///
+/// `replace_foreign`: the key id of a foreign pointer the operator has decided to
+/// overwrite (the id [`OciError::ForeignPointer`] showed). Only pointers whose manifest
+/// names exactly that key, and that do not verify with `signer`, are replaced (their
+/// content is not trusted: no org or ring check, the seq from `recorded` and the clock);
+/// naming a key that no pointer of the ring carries, or the signer's own, is an error
+/// and nothing moves.
+#[allow(clippy::too_many_arguments)]
 pub async fn promote_ring(
     reg: &Registry,
     ring: &str,
@@ -713,8 +751,10 @@ pub async fn promote_ring(
     signer: &Signer,
     recorded: &BTreeMap<String, u64>,
     now: OffsetDateTime,
+    replace_foreign: Option<&str>,
     progress: Progress<'_>,
 ) -> Result<PublishReport, OciError> {
+    refuse_own_key_id(signer, replace_foreign)?;
     let keys = [signer.public_key()];
     let ring_tag = release_tag(version, ring, None)?;
     let (bytes, ring_manifest_digest) = reg.get_manifest(&ring_tag).await?.ok_or_else(|| {
@@ -765,7 +805,16 @@ pub async fn promote_ring(
         manifest_digest: ring_manifest_digest.clone(),
         manifest: bytes,
     });
-    let pointers = preflight_pointers(reg, &targets, signer, recorded, now).await?;
+    let pointers = preflight_pointers(
+        reg,
+        &targets,
+        signer,
+        recorded,
+        now,
+        replace_foreign,
+        progress,
+    )
+    .await?;
     let releases = targets
         .iter()
         .map(|t| {
@@ -784,26 +833,58 @@ pub async fn promote_ring(
     })
 }
 
+/// `--replace-foreign-pointer` naming the publishing key itself is a mistake, never a
+/// recovery.
+fn refuse_own_key_id(signer: &Signer, replace_foreign: Option<&str>) -> Result<(), OciError> {
+    if replace_foreign == Some(signer.key_id().as_str()) {
+        return Err(verify_err(format!(
+            "--replace-foreign-pointer {}: that is the publishing key's own id; nothing to replace, no pointer was moved",
+            signer.key_id()
+        )));
+    }
+    Ok(())
+}
+
 /// Every pointer's preflight: the current pointer (if any) must verify with the
 /// publishing key and name the same org, ring and channel; the new seq follows the rule.
+/// A current pointer that does not verify is [`OciError::ForeignPointer`], unless its
+/// claimed key id is `replace_foreign` (see [`promote_ring`]).
 async fn preflight_pointers(
     reg: &Registry,
     targets: &[PointerTarget],
     signer: &Signer,
     recorded: &BTreeMap<String, u64>,
     now: OffsetDateTime,
+    replace_foreign: Option<&str>,
+    progress: Progress<'_>,
 ) -> Result<Vec<PreparedPointer>, OciError> {
     let keys = [signer.public_key()];
     let now_unix = u64::try_from(now.unix_timestamp()).unwrap_or(0);
     let mut out = Vec::new();
+    let mut replaced = Vec::new();
     for t in targets {
         let tag = pointer_tag(&t.ring, t.channel.as_ref())?;
-        let current = read_pointer(reg, &tag, &keys).await.map_err(|e| match e {
-            OciError::Verify(m) => verify_err(format!(
-                "the current {tag} does not verify with the publishing key (wrong --key?): {m}; no pointer was moved"
-            )),
-            other => other,
-        })?;
+        let current = match read_pointer(reg, &tag, &keys).await {
+            Ok(current) => current,
+            Err(OciError::Verify(detail)) => {
+                let key_id = claimed_key_id(reg, &tag, &signer.key_id()).await?;
+                if replace_foreign != Some(key_id.as_str()) {
+                    return Err(OciError::ForeignPointer {
+                        tag,
+                        ring: t.ring.clone(),
+                        key_id,
+                        own_key_id: signer.key_id(),
+                        detail,
+                    });
+                }
+                progress(&format!(
+                    "{tag} is signed by foreign key {key_id}: replacing it (--replace-foreign-pointer)"
+                ));
+                replaced.push(tag.clone());
+                None
+            }
+            Err(other) => return Err(other),
+        };
         if let Some(c) = &current
             && (c.org != t.org || c.ring != t.ring || c.channel != t.channel)
         {
@@ -828,7 +909,36 @@ async fn preflight_pointers(
         );
         out.push(prepare_pointer(pointer, signer)?);
     }
+    if let Some(id) = replace_foreign
+        && replaced.is_empty()
+    {
+        return Err(verify_err(format!(
+            "--replace-foreign-pointer {id}: no pointer of this ring is signed by {id}; nothing to replace, no pointer was moved"
+        )));
+    }
     Ok(out)
+}
+
+/// The key id a pointer's manifest claims, for messages and for matching
+/// `--replace-foreign-pointer`, never for trust: `unsigned` without a signature,
+/// `unverified` when it claims `own` (yet did not verify with it), `unknown` when it
+/// names no usable id or does not decode.
+async fn claimed_key_id(reg: &Registry, tag: &str, own: &str) -> Result<String, OciError> {
+    let Some((bytes, _)) = reg.get_manifest(tag).await? else {
+        return Ok("unknown".to_string());
+    };
+    let Ok(m) = serde_json::from_slice::<ImageManifest>(&bytes) else {
+        return Ok("unknown".to_string());
+    };
+    let plausible = |id: &str| {
+        !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric())
+    };
+    Ok(match (m.signature(), m.claimed_key_id()) {
+        (None, _) => "unsigned".to_string(),
+        (Some(_), Some(id)) if id == own => "unverified".to_string(),
+        (Some(_), Some(id)) if plausible(id) => id.to_string(),
+        (Some(_), _) => "unknown".to_string(),
+    })
 }
 
 /// Move the prepared pointers in order, each followed by its informational tag.

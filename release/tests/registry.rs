@@ -52,7 +52,7 @@ async fn publish_verify_promote_round_trip_and_refusals() {
     // The canary ring is enrolled in the running client experiment: 2 channels + ring.
     let build = build_ring(&org, "canary").unwrap();
     assert_eq!(build.channels.len(), 2);
-    let r1 = publish_ring(&reg, &build, "1.0.0", &key, &none, now(), &quiet)
+    let r1 = publish_ring(&reg, &build, "1.0.0", &key, &none, now(), None, &quiet)
         .await
         .unwrap();
     assert_eq!(r1.releases.len(), 3);
@@ -102,6 +102,7 @@ async fn publish_verify_promote_round_trip_and_refusals() {
         &key,
         &none,
         now(),
+        None,
         &quiet,
     )
     .await
@@ -115,6 +116,7 @@ async fn publish_verify_promote_round_trip_and_refusals() {
         &key,
         &none,
         now(),
+        None,
         &quiet,
     )
     .await
@@ -133,9 +135,18 @@ async fn publish_verify_promote_round_trip_and_refusals() {
 
     // A recorded seq far ahead (a registry rolled back) still wins.
     let recorded: BTreeMap<String, u64> = [("ring-canary.pointer".to_string(), seq2 + 1000)].into();
-    let r3 = promote_ring(&reg, "canary", "1.0.0", &key, &recorded, now(), &quiet)
-        .await
-        .unwrap();
+    let r3 = promote_ring(
+        &reg,
+        "canary",
+        "1.0.0",
+        &key,
+        &recorded,
+        now(),
+        None,
+        &quiet,
+    )
+    .await
+    .unwrap();
     assert_eq!(r3.pointers.last().unwrap().1, seq2 + 1001);
 
     // A moved tag is refused: v1.0.0 of a changed policy.
@@ -153,6 +164,7 @@ async fn publish_verify_promote_round_trip_and_refusals() {
         &key,
         &none,
         now(),
+        None,
         &quiet,
     )
     .await
@@ -171,6 +183,7 @@ async fn publish_verify_promote_round_trip_and_refusals() {
         &key,
         &recorded,
         now(),
+        None,
         &quiet,
     )
     .await
@@ -180,7 +193,7 @@ async fn publish_verify_promote_round_trip_and_refusals() {
         .await
         .unwrap()
         .unwrap();
-    let back = promote_ring(&reg, "canary", "1.0.0", &key, &none, now(), &quiet)
+    let back = promote_ring(&reg, "canary", "1.0.0", &key, &none, now(), None, &quiet)
         .await
         .unwrap();
     let after = read_pointer(&reg, "ring-canary.pointer", &keys)
@@ -218,6 +231,7 @@ async fn publish_verify_promote_round_trip_and_refusals() {
         &wrong,
         &none,
         now(),
+        None,
         &quiet,
     )
     .await
@@ -270,9 +284,18 @@ async fn tampered_manifest_or_pointer_fails_verify() {
         build.channels.is_empty(),
         "early is in no client experiment"
     );
-    publish_ring(&reg, &build, "1.0.0", &key, &BTreeMap::new(), now(), &quiet)
-        .await
-        .unwrap();
+    publish_ring(
+        &reg,
+        &build,
+        "1.0.0",
+        &key,
+        &BTreeMap::new(),
+        now(),
+        None,
+        &quiet,
+    )
+    .await
+    .unwrap();
     let tag = pointer_tag("early", None).unwrap();
     let good = read_pointer(&reg, &tag, &keys).await.unwrap().unwrap();
 
@@ -363,6 +386,7 @@ async fn unreachable_registry_fails_clearly() {
         &signer(1),
         &BTreeMap::new(),
         now(),
+        None,
         &quiet,
     )
     .await
@@ -373,4 +397,138 @@ async fn unreachable_registry_fails_clearly() {
             .starts_with(&format!("cannot reach registry 127.0.0.1:{port}")),
         "{err}"
     );
+}
+
+/// Issue 27, item 6: a pointer signed by a foreign key is planted over ours. Publish and
+/// promote refuse, naming the foreign key id and the recovery; the recovery replaces only
+/// pointers claiming exactly the confirmed id, and refuses every near miss.
+#[tokio::test(flavor = "current_thread")]
+async fn a_foreign_pointer_is_replaced_only_when_its_key_id_is_confirmed() {
+    let test_registry = TestRegistry::start();
+    let reg = connect(&test_registry);
+    let org = acme();
+    let key = signer(1);
+    let keys = [key.public_key()];
+    let none = BTreeMap::new();
+    let build = build_ring(&org, "early").unwrap();
+    publish_ring(&reg, &build, "1.0.0", &key, &none, now(), None, &quiet)
+        .await
+        .unwrap();
+    let tag = pointer_tag("early", None).unwrap();
+    let ours = read_pointer(&reg, &tag, &keys).await.unwrap().unwrap();
+
+    // Someone with write access plants a pointer signed by their own key.
+    let foreign = signer(9);
+    let planted = new_pointer(
+        "acme-corp",
+        "early",
+        None,
+        &ours.digest,
+        &ours.manifest,
+        ours.seq + 1,
+        now(),
+    );
+    let p = prepare_pointer(planted, &foreign).unwrap();
+    reg.push_blob_if_missing(&p.payload, &halo_release::pack::digest(&p.payload))
+        .await
+        .unwrap();
+    reg.push_manifest(&tag, &p.manifest).await.unwrap();
+    let (planted_manifest, _) = reg.get_manifest(&tag).await.unwrap().unwrap();
+
+    // Publish and promote refuse, showing the foreign key id and the recovery command.
+    let err = publish_ring(&reg, &build, "1.1.0", &key, &none, now(), None, &quiet)
+        .await
+        .unwrap_err();
+    match &err {
+        OciError::ForeignPointer {
+            key_id, own_key_id, ..
+        } => {
+            assert_eq!(key_id, &foreign.key_id());
+            assert_eq!(own_key_id, &key.key_id());
+        }
+        other => panic!("expected ForeignPointer, got {other}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains("no pointer was moved"), "{text}");
+    assert!(
+        text.contains(&format!("--replace-foreign-pointer {}", foreign.key_id())),
+        "{text}"
+    );
+    let err = promote_ring(&reg, "early", "1.0.0", &key, &none, now(), None, &quiet)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OciError::ForeignPointer { .. }), "{err}");
+
+    // Near misses move nothing: another id, the publishing key's own id.
+    for wrong in ["0123456789abcdef".to_string(), key.key_id()] {
+        let err = promote_ring(
+            &reg,
+            "early",
+            "1.0.0",
+            &key,
+            &none,
+            now(),
+            Some(&wrong),
+            &quiet,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, OciError::ForeignPointer { .. } | OciError::Verify(_)),
+            "{err}"
+        );
+        let (still, _) = reg.get_manifest(&tag).await.unwrap().unwrap();
+        assert_eq!(still, planted_manifest, "{wrong}: nothing moved");
+    }
+
+    // The confirmed id: the pointer is ours again, its seq above the last one we wrote
+    // (the publisher's state file; the planted seq is not trusted).
+    let recorded = BTreeMap::from([(tag.clone(), ours.seq)]);
+    let report = promote_ring(
+        &reg,
+        "early",
+        "1.0.0",
+        &key,
+        &recorded,
+        now(),
+        Some(&foreign.key_id()),
+        &quiet,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.pointers.len(), 1);
+    let back = read_pointer(&reg, &tag, &keys).await.unwrap().unwrap();
+    assert_eq!(back.digest, ours.digest);
+    assert!(back.seq > ours.seq, "{} vs {}", back.seq, ours.seq);
+    pull_verified(
+        &reg,
+        "acme-corp",
+        "early",
+        None,
+        &keys,
+        None,
+        now(),
+        oci::DEFAULT_MAX_RELEASE_BYTES,
+    )
+    .await
+    .unwrap();
+
+    // With nothing foreign left, the flag is refused rather than silently ignored.
+    let err = promote_ring(
+        &reg,
+        "early",
+        "1.0.0",
+        &key,
+        &none,
+        now(),
+        Some(&foreign.key_id()),
+        &quiet,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("nothing to replace"), "{err}");
+    // And publish works again.
+    publish_ring(&reg, &build, "1.1.0", &key, &none, now(), None, &quiet)
+        .await
+        .unwrap();
 }
