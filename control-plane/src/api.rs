@@ -11,7 +11,7 @@
 //!
 //! Shared secrets go through the per-address [`Throttle`].
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
@@ -24,13 +24,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use halo_policy::decide::{Subject, resolve_ring};
-use halo_policy::{Org, Snapshot};
+use halo_xds::{PolicySource, Served};
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::auth::{Admin, AuthError, OidcVerifier, bearer};
 use crate::fleet::{Device, Fleet, FleetError};
 use crate::killswitch::{Action, Change, KillRecord, KillSwitch, Target, now_rfc3339};
+use crate::listener::Peer;
 use crate::metrics::{Gauges, Metrics};
 use crate::store::{Log, Store, StoreError};
 use crate::throttle::{Gate, Throttle};
@@ -62,17 +64,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/devices/{id}/revoke"),
 ];
 
-/// The policy served: loaded and validated at startup.
-#[derive(Debug)]
-pub struct ServedPolicy {
-    pub org: Org,
-    pub snapshot: Snapshot,
-    pub version: String,
-}
-
 /// Everything the handlers share.
 pub struct AppState {
-    pub policy: ServedPolicy,
+    /// The policy served now: the policy source publishes every accepted edit here.
+    pub policy: watch::Receiver<Arc<Served>>,
     pub store: Arc<dyn Store>,
     pub killswitch: Option<Arc<KillSwitch>>,
     pub gateway_token: Option<TokenDigest>,
@@ -85,6 +80,13 @@ pub struct AppState {
 }
 
 type Shared = Arc<AppState>;
+
+impl AppState {
+    /// The policy served at this moment (a handler reads it once and keeps it).
+    pub fn policy(&self) -> Arc<Served> {
+        Arc::clone(&self.policy.borrow())
+    }
+}
 
 /// A JSON error response.
 #[derive(Debug)]
@@ -208,6 +210,7 @@ pub fn router(state: Shared) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(json_errors))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -216,13 +219,18 @@ pub fn router(state: Shared) -> Router {
 }
 
 /// The admin listener's router: /healthz, /metrics and /xds/status.
-pub fn admin_router(state: Shared, xds: Option<Arc<crate::xds::XdsHost>>) -> Router {
-    // /metrics: the server's own, then (with --xds-listen) the policy source's and the
-    // ADS server's.
+pub fn admin_router(
+    state: Shared,
+    source: Arc<PolicySource>,
+    xds: Option<Arc<crate::xds::XdsHost>>,
+) -> Router {
+    // /metrics: the server's own, the policy source's, then (with --xds-listen) the ADS
+    // server's.
     let xds_metrics = xds.clone();
     let metrics = get(move |s: State<Shared>| {
         let xds = xds_metrics.clone();
-        async move { metrics(s, xds.as_deref()).await }
+        let source = Arc::clone(&source);
+        async move { metrics(s, &source, xds.as_deref()).await }
     });
     // The xDS status: the policy served, the last refused edit, each Envoy's versions.
     let xds_status = get(move || {
@@ -244,6 +252,8 @@ pub fn admin_router(state: Shared, xds: Option<Arc<crate::xds::XdsHost>>) -> Rou
         .route("/metrics", metrics)
         .route("/xds/status", xds_status)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(state)
 }
 
@@ -258,6 +268,63 @@ async fn count_requests(State(state): State<Shared>, req: Request, next: Next) -
         .metrics
         .request(method.as_str(), &route, resp.status().as_u16());
     resp
+}
+
+/// The error code of an HTTP status, for refusals made outside the handlers (axum's
+/// extractor rejections, hyper's own answers in `listener`).
+pub fn status_code_name(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "bad_request",
+        401 => "authentication_error",
+        403 => "forbidden",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        408 => "request_timeout",
+        413 => "body_too_large",
+        414 => "uri_too_long",
+        415 => "unsupported_media_type",
+        422 => "invalid_body",
+        429 => "too_many_attempts",
+        431 => "headers_too_large",
+        503 => "unavailable",
+        s if s >= 500 => "internal",
+        _ => "bad_request",
+    }
+}
+
+/// Every error answer is JSON: one that a handler did not shape (an extractor's plain
+/// text rejection, say) is rewritten into `{"error", "message"}`, its text the message.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    // Rejection texts are short; anything longer is cut, not buffered.
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("refused").to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, status_code_name(status), message).into_response();
+    // The rejection's other headers (405's `allow`) stay; the JSON answer's own win.
+    let own: Vec<_> = out.headers().keys().cloned().collect();
+    for (name, value) in &parts.headers {
+        if !own.contains(name) && name != header::CONTENT_LENGTH {
+            out.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 async fn not_found() -> ApiError {
@@ -276,7 +343,11 @@ async fn method_not_allowed(method: Method) -> ApiError {
     )
 }
 
-async fn metrics(State(state): State<Shared>, xds: Option<&crate::xds::XdsHost>) -> Response {
+async fn metrics(
+    State(state): State<Shared>,
+    source: &PolicySource,
+    xds: Option<&crate::xds::XdsHost>,
+) -> Response {
     let mut g = Gauges {
         blocked_addresses: state.throttle.blocked_count(),
         kill_switch_enabled: state.killswitch.is_some(),
@@ -288,6 +359,7 @@ async fn metrics(State(state): State<Shared>, xds: Option<&crate::xds::XdsHost>)
         g.killed_toggles = s.toggles.len();
     }
     let mut text = state.metrics.render(&g);
+    text.push_str(&source.status().render_prometheus());
     if let Some(x) = xds {
         text.push_str(&x.render_prometheus());
     }
@@ -299,13 +371,14 @@ async fn openapi() -> Response {
 }
 
 async fn capabilities(State(state): State<Shared>) -> Json<serde_json::Value> {
+    let policy = state.policy();
     Json(json!({
         "killSwitch": state.killswitch.is_some(),
         "enrollment": true,
         "fleetToken": state.fleet_token.is_some(),
-        "adminAuth": state.policy.org.root.identity.is_some(),
+        "adminAuth": policy.org.root.identity.is_some(),
         "storage": state.store.describe(),
-        "policy": {"org": state.policy.org.root.org, "version": state.policy.version},
+        "policy": {"org": policy.org.root.org, "version": policy.version},
     }))
 }
 
@@ -320,9 +393,10 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
 }
 
 async fn admin(state: &AppState, headers: &HeaderMap) -> Result<Admin, ApiError> {
+    let policy = state.policy();
     state
         .oidc
-        .verify_admin(authorization(headers))
+        .verify_admin(policy.org.root.identity.as_ref(), authorization(headers))
         .await
         .map_err(ApiError::from)
 }
@@ -335,12 +409,47 @@ fn blocked() -> ApiError {
     )
 }
 
+/// A shared secret the API checks: what it is called and how it is presented, for the
+/// metrics label and the refusal's message.
+#[derive(Debug, Clone, Copy)]
+enum Secret {
+    Gateway,
+    Device,
+    FleetOrDevice,
+    Enrollment,
+}
+
+impl Secret {
+    fn kind(self) -> &'static str {
+        match self {
+            Secret::Gateway => "gateway token",
+            Secret::Device => "device token",
+            Secret::FleetOrDevice => "fleet or device token",
+            Secret::Enrollment => "enrollment token",
+        }
+    }
+
+    fn refusal(self) -> String {
+        match self {
+            // Sent in the body, and good once: say so rather than name a header.
+            Secret::Enrollment => format!(
+                "{}: each one enrolls a single device; an admin mints a new one (POST /api/v1/enrollment-tokens), sent in the body as {{\"enrollmentToken\": \"<token>\"}}",
+                FleetError::BadEnrollmentToken
+            ),
+            other => format!(
+                "a valid {} is required as `Authorization: Bearer <token>`",
+                other.kind()
+            ),
+        }
+    }
+}
+
 /// Check a shared secret under the throttle: a blocked address gets 429 without the
 /// secret being looked at; otherwise wait the address's delay, then `check`.
 async fn with_throttle<T, F, Fut>(
     state: &AppState,
     ip: IpAddr,
-    kind: &'static str,
+    secret: Secret,
     check: F,
 ) -> Result<T, ApiError>
 where
@@ -361,11 +470,11 @@ where
         }
         None => {
             state.throttle.failure(ip);
-            state.metrics.secret_failure(kind);
+            state.metrics.secret_failure(secret.kind());
             Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
-                format!("a valid {kind} is required as `Authorization: Bearer <token>`"),
+                secret.refusal(),
             ))
         }
     }
@@ -377,7 +486,7 @@ async fn device_auth(
     headers: &HeaderMap,
 ) -> Result<Device, ApiError> {
     let token = bearer(authorization(headers)).map(str::to_string);
-    with_throttle(state, ip, "device token", || async {
+    with_throttle(state, ip, Secret::Device, || async {
         match token {
             Some(t) => state.fleet.device_for_token(&t).await,
             None => None,
@@ -485,9 +594,10 @@ async fn change(
             format!("the reason is longer than {MAX_REASON} characters"),
         ));
     }
+    let policy = state.policy();
     let in_policy = match target {
-        Target::Experiment => state.policy.org.experiments.contains_key(&name),
-        Target::Toggle => state.policy.org.toggles.contains_key(&name),
+        Target::Experiment => policy.org.experiments.contains_key(&name),
+        Target::Toggle => policy.org.toggles.contains_key(&name),
     };
     // An unkill may name something the policy has since dropped, if it is still killed.
     let known =
@@ -578,13 +688,13 @@ async fn signed_list(ks: &KillSwitch) -> Result<Response, ApiError> {
 
 async fn gateway_killswitch(
     State(state): State<Shared>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let ks = kill_switch(&state)?;
     let token = bearer(authorization(&headers)).map(str::to_string);
     let expected = state.gateway_token.clone();
-    with_throttle(&state, peer.ip(), "gateway token", || async {
+    with_throttle(&state, peer.ip(), Secret::Gateway, || async {
         match (token, expected) {
             (Some(t), Some(d)) if d.matches(&t) => Some(()),
             _ => None,
@@ -596,7 +706,7 @@ async fn gateway_killswitch(
 
 async fn fleet_killswitch(
     State(state): State<Shared>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let ks = kill_switch(&state)?;
@@ -672,12 +782,12 @@ struct EnrollBody {
 
 async fn enroll(
     State(state): State<Shared>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     body: Result<ApiJson<EnrollBody>, ApiError>,
 ) -> Result<Response, ApiError> {
     let ApiJson(body) = body?;
     let fleet = &state.fleet;
-    let result = with_throttle(&state, peer.ip(), "enrollment token", || async {
+    let result = with_throttle(&state, peer.ip(), Secret::Enrollment, || async {
         Some(
             fleet
                 .enroll(&body.enrollment_token, body.host.clone())
@@ -709,7 +819,7 @@ struct RingQuery {
 
 async fn fleet_ring(
     State(state): State<Shared>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     headers: HeaderMap,
     query: Result<Query<RingQuery>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -739,7 +849,8 @@ async fn fleet_ring(
         user,
         groups: device.groups.clone(),
     };
-    let ring = resolve_ring(&state.policy.snapshot, &subject).ok_or_else(|| {
+    let policy = state.policy();
+    let ring = resolve_ring(&policy.compiled, &subject).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "no_ring",
@@ -755,7 +866,7 @@ async fn fleet_ring(
 
 async fn fleet_report(
     State(state): State<Shared>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     headers: HeaderMap,
     body: Result<ApiJson<serde_json::Map<String, serde_json::Value>>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -764,7 +875,7 @@ async fn fleet_report(
     let fleet = &state.fleet;
     // The fleet token reports for no device; a device token reports for its device.
     let reporter: Option<String> =
-        with_throttle(&state, peer.ip(), "fleet or device token", || async {
+        with_throttle(&state, peer.ip(), Secret::FleetOrDevice, || async {
             let t = token?;
             if fleet_token.as_ref().is_some_and(|d| d.matches(&t)) {
                 return Some(None);

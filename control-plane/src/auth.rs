@@ -100,14 +100,16 @@ pub fn http_client(ca_pem: Option<(&str, &[u8])>) -> Result<reqwest::Client, Set
 
 #[derive(Debug)]
 struct Cache {
+    /// The issuer the keys are of: a policy edit that changes it drops them.
+    issuer: String,
     keys: Option<(Instant, Arc<JwkSet>)>,
     last_fetch: Option<Instant>,
 }
 
-/// Verifies admin bearer tokens against the policy's identity provider.
+/// Verifies admin bearer tokens against the served policy's identity provider (passed
+/// per call, so a policy edit applies to the next call).
 #[derive(Debug)]
 pub struct OidcVerifier {
-    identity: Option<Identity>,
     http: reqwest::Client,
     cache: Mutex<Cache>,
 }
@@ -119,21 +121,25 @@ struct Discovery {
 }
 
 impl OidcVerifier {
-    /// `identity` is the served policy's; `None` makes every admin call 503.
-    pub fn new(identity: Option<Identity>, http: reqwest::Client) -> OidcVerifier {
+    pub fn new(http: reqwest::Client) -> OidcVerifier {
         OidcVerifier {
-            identity,
             http,
             cache: Mutex::new(Cache {
+                issuer: String::new(),
                 keys: None,
                 last_fetch: None,
             }),
         }
     }
 
-    /// Check an `Authorization` header value and the admin group rule.
-    pub async fn verify_admin(&self, authorization: Option<&str>) -> Result<Admin, AuthError> {
-        let identity = self.identity.as_ref().ok_or_else(|| {
+    /// Check an `Authorization` header value and the admin group rule against
+    /// `identity`, the served policy's; `None` makes every admin call 503.
+    pub async fn verify_admin(
+        &self,
+        identity: Option<&Identity>,
+        authorization: Option<&str>,
+    ) -> Result<Admin, AuthError> {
+        let identity = identity.ok_or_else(|| {
             AuthError::Unavailable(
                 "the served policy has no identity (halos.yaml identity): the admin API is unavailable"
                     .to_string(),
@@ -196,6 +202,11 @@ impl OidcVerifier {
 
     async fn keys_for(&self, identity: &Identity, kid: &str) -> Result<Arc<JwkSet>, AuthError> {
         let mut cache = self.cache.lock().await;
+        if cache.issuer != identity.issuer {
+            cache.issuer.clone_from(&identity.issuer);
+            cache.keys = None;
+            cache.last_fetch = None;
+        }
         let now = Instant::now();
         if let Some((at, keys)) = &cache.keys {
             let fresh = now.duration_since(*at) < JWKS_TTL;

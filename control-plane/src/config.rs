@@ -1,8 +1,9 @@
 //! halo-server's settings: flags, then `HALO_SERVER_<FLAG>` environment variables, then
 //! the YAML file named by `--config`, then defaults, in that order of precedence.
 //!
-//! The YAML keys are the flag names (`data-dir: /var/lib/halo`); an unknown key is an
-//! error naming it, and relative paths in the file are relative to the file's directory.
+//! The YAML keys are the flag names (`data-dir: /var/lib/halo`): the file is decoded into
+//! [`Flags`] itself, so every flag is a key and nothing else is (an unknown key is an
+//! error naming it). Relative paths in the file are relative to the file's directory.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,8 +38,12 @@ Precedence: flags > HALO_SERVER_<FLAG> environment > --config YAML > defaults.
 /healthz and /metrics are served on --admin-listen (default 127.0.0.1:9090).";
 
 /// halo-server: the Halos web API for admins and fleets, and the signed kill switch.
-#[derive(Debug, Clone, Default, Parser)]
+///
+/// One table for flags, environment and the `--config` file: clap reads the first two,
+/// serde the file (keys kebab-case, as the flags).
+#[derive(Debug, Clone, Default, Parser, Deserialize)]
 #[command(name = "halo-server", version, about, after_help = EXAMPLES)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Flags {
     /// YAML file with any of the settings below (keys are the flag names).
     #[arg(long, value_name = "FILE", env = "HALO_SERVER_CONFIG")]
@@ -70,9 +75,11 @@ pub struct Flags {
     pub token_file: Option<PathBuf>,
     /// How long a device token is valid after enrollment [default: 90d].
     #[arg(long, value_name = "DURATION", env = "HALO_SERVER_DEVICE_TTL", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "opt_duration")]
     pub device_ttl: Option<Duration>,
     /// How long a one-time enrollment token is valid after it is minted [default: 24h].
     #[arg(long, value_name = "DURATION", env = "HALO_SERVER_ENROLLMENT_TTL", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "opt_duration")]
     pub enrollment_ttl: Option<Duration>,
     /// Extra CA certificate(s), PEM, trusted when fetching the identity provider's
     /// discovery document and JWKS (an IdP behind a private CA).
@@ -85,29 +92,48 @@ pub struct Flags {
     /// and pushed to every connected Envoy, and so is every kill [default: off].
     #[arg(long, value_name = "ADDR", env = "HALO_SERVER_XDS_LISTEN")]
     pub xds_listen: Option<SocketAddr>,
-    /// JSON file of halo-xds GatewaySettings (listener, wasm path, filter settings...)
-    /// for --xds-listen [default: the built-in defaults].
+    /// YAML (or JSON) file of the xDS gateway settings (listenAddress, listenPort,
+    /// wasmPath, upstreamCaFile, jwksUri, filterSettings...; the README lists them with
+    /// their defaults) for --xds-listen [default: the built-in defaults].
     #[arg(long, value_name = "FILE", env = "HALO_SERVER_XDS_GATEWAY_FILE")]
     pub xds_gateway_file: Option<PathBuf>,
 }
 
-/// The YAML config file: the same settings, keys spelled as the flags.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct FileConfig {
-    listen: Option<SocketAddr>,
-    admin_listen: Option<SocketAddr>,
-    policy_dir: Option<PathBuf>,
-    data_dir: Option<PathBuf>,
-    killswitch_key_file: Option<PathBuf>,
-    gateway_token_file: Option<PathBuf>,
-    token_file: Option<PathBuf>,
-    #[serde(default, with = "opt_duration")]
-    device_ttl: Option<Duration>,
-    #[serde(default, with = "opt_duration")]
-    enrollment_ttl: Option<Duration>,
-    oidc_ca_file: Option<PathBuf>,
-    max_body_bytes: Option<usize>,
+impl Flags {
+    /// These flags over `file`'s: a flag (or its environment variable) wins. The struct
+    /// literal names every field, so a new flag cannot be left out of the merge.
+    fn or(self, file: Flags) -> Flags {
+        Flags {
+            config: self.config,
+            listen: self.listen.or(file.listen),
+            admin_listen: self.admin_listen.or(file.admin_listen),
+            policy_dir: self.policy_dir.or(file.policy_dir),
+            data_dir: self.data_dir.or(file.data_dir),
+            killswitch_key_file: self.killswitch_key_file.or(file.killswitch_key_file),
+            gateway_token_file: self.gateway_token_file.or(file.gateway_token_file),
+            token_file: self.token_file.or(file.token_file),
+            device_ttl: self.device_ttl.or(file.device_ttl),
+            enrollment_ttl: self.enrollment_ttl.or(file.enrollment_ttl),
+            oidc_ca_file: self.oidc_ca_file.or(file.oidc_ca_file),
+            max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
+            xds_listen: self.xds_listen.or(file.xds_listen),
+            xds_gateway_file: self.xds_gateway_file.or(file.xds_gateway_file),
+        }
+    }
+
+    /// The path-valued settings, to resolve a file's relative paths against its directory.
+    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 8] {
+        [
+            &mut self.config,
+            &mut self.policy_dir,
+            &mut self.data_dir,
+            &mut self.killswitch_key_file,
+            &mut self.gateway_token_file,
+            &mut self.token_file,
+            &mut self.oidc_ca_file,
+            &mut self.xds_gateway_file,
+        ]
+    }
 }
 
 mod opt_duration {
@@ -115,7 +141,9 @@ mod opt_duration {
     use std::time::Duration;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let text = String::deserialize(d)?;
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
         humantime::parse_duration(&text)
             .map(Some)
             .map_err(|e| D::Error::custom(format!("{text:?} is not a duration like 90d: {e}")))
@@ -159,41 +187,29 @@ impl Settings {
     pub fn resolve(flags: Flags) -> Result<Settings, ConfigError> {
         let file = match &flags.config {
             Some(path) => read_file_config(path)?,
-            None => FileConfig::default(),
+            None => Flags::default(),
         };
-        let policy_dir = flags.policy_dir.or(file.policy_dir).ok_or_else(|| {
+        let flags = flags.or(file);
+        let policy_dir = flags.policy_dir.ok_or_else(|| {
             ConfigError::Invalid(
                 "--policy-dir is required (or HALO_SERVER_POLICY_DIR, or policy-dir in --config)"
                     .to_string(),
             )
         })?;
         let settings = Settings {
-            listen: flags
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| parse_addr(DEFAULT_LISTEN)),
+            listen: flags.listen.unwrap_or_else(|| parse_addr(DEFAULT_LISTEN)),
             admin_listen: flags
                 .admin_listen
-                .or(file.admin_listen)
                 .unwrap_or_else(|| parse_addr(DEFAULT_ADMIN_LISTEN)),
             policy_dir,
-            data_dir: flags.data_dir.or(file.data_dir),
-            killswitch_key_file: flags.killswitch_key_file.or(file.killswitch_key_file),
-            gateway_token_file: flags.gateway_token_file.or(file.gateway_token_file),
-            token_file: flags.token_file.or(file.token_file),
-            device_ttl: flags
-                .device_ttl
-                .or(file.device_ttl)
-                .unwrap_or(DEFAULT_DEVICE_TTL),
-            enrollment_ttl: flags
-                .enrollment_ttl
-                .or(file.enrollment_ttl)
-                .unwrap_or(DEFAULT_ENROLLMENT_TTL),
-            oidc_ca_file: flags.oidc_ca_file.or(file.oidc_ca_file),
-            max_body_bytes: flags
-                .max_body_bytes
-                .or(file.max_body_bytes)
-                .unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            data_dir: flags.data_dir,
+            killswitch_key_file: flags.killswitch_key_file,
+            gateway_token_file: flags.gateway_token_file,
+            token_file: flags.token_file,
+            device_ttl: flags.device_ttl.unwrap_or(DEFAULT_DEVICE_TTL),
+            enrollment_ttl: flags.enrollment_ttl.unwrap_or(DEFAULT_ENROLLMENT_TTL),
+            oidc_ca_file: flags.oidc_ca_file,
+            max_body_bytes: flags.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
             xds_listen: flags.xds_listen,
             xds_gateway_file: flags.xds_gateway_file,
         };
@@ -241,31 +257,27 @@ fn parse_addr(s: &str) -> SocketAddr {
     s.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
-fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
+fn read_file_config(path: &Path) -> Result<Flags, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    let mut file: FileConfig = if text.trim().is_empty() {
-        FileConfig::default()
+    let mut file: Flags = if text.trim().is_empty() {
+        Flags::default()
     } else {
         serde_saphyr::from_str(&text).map_err(|e| ConfigError::Yaml {
             path: path.display().to_string(),
             message: e.to_string(),
         })?
     };
+    if file.config.is_some() {
+        return Err(ConfigError::Yaml {
+            path: path.display().to_string(),
+            message: "`config` cannot name another config file".to_string(),
+        });
+    }
     let base = path.parent().unwrap_or(Path::new("."));
-    for p in [
-        &mut file.policy_dir,
-        &mut file.data_dir,
-        &mut file.killswitch_key_file,
-        &mut file.gateway_token_file,
-        &mut file.token_file,
-        &mut file.oidc_ca_file,
-    ]
-    .into_iter()
-    .flatten()
-    {
+    for p in file.paths_mut().into_iter().flatten() {
         if p.is_relative() {
             *p = base.join(&*p);
         }
@@ -304,6 +316,66 @@ mod tests {
         assert_eq!(s.device_ttl, Duration::from_secs(7 * 86400));
         assert_eq!(s.admin_listen, DEFAULT_ADMIN_LISTEN.parse().unwrap());
         assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    /// Every flag is a `--config` key (issue 27: `xds-listen` and `xds-gateway-file` were
+    /// refused), its value reaches the settings, and a relative path in the file is
+    /// relative to the file's directory. Walks clap's own table of flags.
+    #[test]
+    fn every_flag_is_a_config_key() {
+        use clap::CommandFactory;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("server.yaml");
+        let mut yaml = String::new();
+        let mut expected = Vec::new();
+        for (i, arg) in Flags::command().get_arguments().enumerate() {
+            let Some(key) = arg.get_long() else { continue };
+            if matches!(key, "config" | "help" | "version") {
+                continue;
+            }
+            let value_name = arg
+                .get_value_names()
+                .and_then(|v| v.first())
+                .map(|s| s.as_str());
+            let (value, shown) = match value_name {
+                Some("ADDR") => {
+                    let addr = format!("127.0.0.1:{}", 7000 + i);
+                    (addr.clone(), addr)
+                }
+                Some("DIR" | "FILE") => (
+                    format!("rel/{key}"),
+                    format!("{:?}", dir.path().join("rel").join(key)),
+                ),
+                Some("DURATION") => (
+                    format!("{}d", i + 1),
+                    format!("{:?}", Duration::from_secs((i as u64 + 1) * 86400)),
+                ),
+                Some("BYTES") => ((100_000 + i).to_string(), (100_000 + i).to_string()),
+                other => panic!("--{key} takes {other:?}: teach this test that kind of value"),
+            };
+            yaml.push_str(&format!("{key}: {value}\n"));
+            expected.push((key.to_string(), shown));
+        }
+        assert!(expected.iter().any(|(k, _)| k == "xds-listen"));
+        assert!(expected.iter().any(|(k, _)| k == "xds-gateway-file"));
+        std::fs::write(&cfg, &yaml).unwrap();
+        let s = Settings::resolve(parse(&["--config", cfg.to_str().unwrap()]))
+            .unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+        let debug = format!("{s:?}");
+        for (key, shown) in expected {
+            assert!(debug.contains(&shown), "{key}: {shown} is not in {debug}");
+        }
+    }
+
+    #[test]
+    fn config_cannot_name_another_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("server.yaml");
+        std::fs::write(&cfg, "policy-dir: p\nconfig: other.yaml\n").unwrap();
+        let err = Settings::resolve(parse(&["--config", cfg.to_str().unwrap()]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("config"), "{err}");
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`api`]: routes, per-route authentication, JSON errors.
 //! - [`killswitch`]: the kill log, kill state, signed list and its `watch` channel
 //!   (what the xDS server subscribes to, to push kills).
+//! - [`listener`]: the TCP listener that turns hyper's own bare refusals (400, 414, 431)
+//!   into JSON, so every answer is JSON.
 //! - [`auth`]: admin OIDC JWTs against the policy issuer's JWKS.
 //! - [`fleet`]: enrollment tokens, device tokens, reports.
 //! - [`token`]: shared-secret rules (ADR-0009 final amendment), digests, minting.
@@ -21,6 +23,7 @@ pub mod config;
 pub mod controller;
 pub mod fleet;
 pub mod killswitch;
+pub mod listener;
 pub mod metrics;
 pub mod server;
 pub mod store;

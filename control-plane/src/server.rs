@@ -1,56 +1,44 @@
-//! Startup: load and validate the policy, read keys and tokens, open the store, bind
-//! both listeners and serve until shutdown.
+//! Startup: read keys and tokens, open the store, bind both listeners, start the policy
+//! source (the policy dir, watched; with `--xds-listen` it also feeds the xDS server) and
+//! serve until shutdown. The API reads the policy the source serves now, never a copy
+//! taken at startup.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
-use halo_policy::issue::has_errors;
-use halo_policy::load::{LoadError, load_dir};
-use halo_policy::validate::validate;
+use anyhow::Context;
+use halo_xds::PolicySource;
+use halo_xds::source::SourceError;
 use tokio::net::TcpListener;
 
-use crate::api::{AppState, ServedPolicy, admin_router, router};
+use crate::api::{AppState, admin_router, router};
 use crate::auth::{OidcVerifier, http_client};
 use crate::config::Settings;
 use crate::fleet::Fleet;
 use crate::killswitch::KillSwitch;
+use crate::listener::{JsonListener, Peer};
 use crate::metrics::Metrics;
 use crate::store::{FileStore, MemoryStore, Store};
 use crate::throttle::Throttle;
 use crate::token::read_token_file;
 
-/// Load and validate the policy directory; every problem is in the error.
-pub fn load_policy(dir: &std::path::Path) -> anyhow::Result<ServedPolicy> {
-    let org = match load_dir(dir) {
-        Ok(org) => org,
-        Err(LoadError::Invalid(issues)) => {
-            let lines: Vec<String> = issues.iter().map(|i| i.to_string()).collect();
-            bail!("policy {} is invalid:\n{}", dir.display(), lines.join("\n"));
-        }
-        Err(e) => return Err(e).with_context(|| format!("loading policy {}", dir.display())),
-    };
-    let issues = validate(&org);
-    if has_errors(&issues) {
-        let lines: Vec<String> = issues
-            .iter()
-            .filter(|i| i.is_error())
-            .map(|i| i.to_string())
-            .collect();
-        bail!("policy {} is invalid:\n{}", dir.display(), lines.join("\n"));
-    }
-    let snapshot = halo_policy::compile(&org);
-    let version = snapshot.version();
-    Ok(ServedPolicy {
-        org,
-        snapshot,
-        version,
-    })
+/// The first load of the policy dir failed: every problem, one per line.
+pub fn policy_error(e: SourceError) -> anyhow::Error {
+    anyhow::anyhow!("policy {} is invalid:\n{}", e.dir, e.problems.join("\n"))
 }
 
-/// Build the shared state from settings (reads every file; nothing is bound yet).
-pub fn build_state(settings: &Settings) -> anyhow::Result<Arc<AppState>> {
-    let policy = load_policy(&settings.policy_dir)?;
+/// Everything the state holds but the policy: read from settings (every file), with
+/// the store and the kill log open.
+struct Parts {
+    store: Arc<dyn Store>,
+    killswitch: Option<Arc<KillSwitch>>,
+    gateway_token: Option<crate::token::TokenDigest>,
+    fleet_token: Option<crate::token::TokenDigest>,
+    fleet: Fleet,
+    oidc: OidcVerifier,
+}
+
+fn open_parts(settings: &Settings) -> anyhow::Result<Parts> {
     let gateway_token = settings
         .gateway_token_file
         .as_deref()
@@ -61,7 +49,8 @@ pub fn build_state(settings: &Settings) -> anyhow::Result<Arc<AppState>> {
         .as_deref()
         .map(|p| read_token_file("fleet token", p))
         .transpose()?;
-    // Everything is read and checked before the data dir is touched.
+    // Tokens and the key are read and checked before the data dir is touched (the
+    // policy is loaded after: the xDS source needs the kill log open).
     let kill_key = match &settings.killswitch_key_file {
         Some(path) if settings.kill_switch_enabled() => {
             let pem = std::fs::read_to_string(path)
@@ -96,25 +85,21 @@ pub fn build_state(settings: &Settings) -> anyhow::Result<Arc<AppState>> {
         None => None,
     };
     let http = http_client(ca.as_ref().map(|(p, b)| (p.as_str(), b.as_slice())))?;
-    let oidc = OidcVerifier::new(policy.org.root.identity.clone(), http);
+    let oidc = OidcVerifier::new(http);
     let fleet = Fleet::open(
         Arc::clone(&store),
         settings.device_ttl,
         settings.enrollment_ttl,
     )
     .context("reading enrollments and devices")?;
-    Ok(Arc::new(AppState {
-        policy,
+    Ok(Parts {
         store,
         killswitch,
         gateway_token,
         fleet_token,
         fleet,
         oidc,
-        throttle: Throttle::default(),
-        metrics: Metrics::default(),
-        max_body_bytes: settings.max_body_bytes,
-    }))
+    })
 }
 
 /// A running server: its bound addresses and shared state.
@@ -125,6 +110,8 @@ pub struct Running {
     pub state: Arc<AppState>,
     /// The xDS host, when `--xds-listen` is set.
     pub xds: Option<Arc<crate::xds::XdsHost>>,
+    /// The policy dir's watcher: what the API reads (and, with xDS, what is pushed).
+    pub policy: Arc<PolicySource>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -163,7 +150,7 @@ pub async fn start_with(
     settings: &Settings,
     xds: crate::xds::XdsOptions,
 ) -> anyhow::Result<Running> {
-    let state = build_state(settings)?;
+    let parts = open_parts(settings)?;
     let api = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding --listen {}", settings.listen))?;
@@ -172,22 +159,42 @@ pub async fn start_with(
         .with_context(|| format!("binding --admin-listen {}", settings.admin_listen))?;
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
+    let xds = crate::xds::start(settings, xds, parts.killswitch.as_ref(), api_addr)
+        .await?
+        .map(Arc::new);
+    // Without xDS the API still follows the policy dir, with the same watcher.
+    let source = match &xds {
+        Some(x) => x.source(),
+        None => Arc::new(
+            PolicySource::watch(settings.policy_dir.clone(), crate::xds::POLICY_POLL)
+                .map_err(policy_error)?,
+        ),
+    };
+    let state = Arc::new(AppState {
+        policy: source.served(),
+        store: parts.store,
+        killswitch: parts.killswitch,
+        gateway_token: parts.gateway_token,
+        fleet_token: parts.fleet_token,
+        fleet: parts.fleet,
+        oidc: parts.oidc,
+        throttle: Throttle::default(),
+        metrics: Metrics::default(),
+        max_body_bytes: settings.max_body_bytes,
+    });
     if let Some(ks) = &state.killswitch {
         ks.spawn_resigner();
     }
-    let xds = crate::xds::start(settings, xds, &state, api_addr)
-        .await?
-        .map(Arc::new);
     let (tx, rx) = tokio::sync::watch::channel(false);
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let api_app = router(Arc::clone(&state)).into_make_service_with_connect_info::<SocketAddr>();
-    let admin_app = admin_router(Arc::clone(&state), xds.clone());
+    let api_app = router(Arc::clone(&state)).into_make_service_with_connect_info::<Peer>();
+    let admin_app = admin_router(Arc::clone(&state), Arc::clone(&source), xds.clone());
     let api_rx = rx.clone();
     let tasks = vec![
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(api, api_app)
+            if let Err(e) = axum::serve(JsonListener(api), api_app)
                 .with_graceful_shutdown(stop(api_rx))
                 .await
             {
@@ -195,7 +202,7 @@ pub async fn start_with(
             }
         }),
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(admin, admin_app)
+            if let Err(e) = axum::serve(JsonListener(admin), admin_app)
                 .with_graceful_shutdown(stop(rx))
                 .await
             {
@@ -209,6 +216,7 @@ pub async fn start_with(
         admin_addr,
         state,
         xds,
+        policy: source,
         shutdown: tx,
         tasks,
     })

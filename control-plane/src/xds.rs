@@ -13,8 +13,8 @@ use halo_xds::{GatewaySettings, PolicySource, SnapshotCache, SourceStatus, Trans
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::api::AppState;
 use crate::config::Settings;
+use crate::killswitch::KillSwitch;
 
 /// How often the policy dir's content hash is checked.
 pub const POLICY_POLL: Duration = Duration::from_millis(250);
@@ -23,7 +23,7 @@ pub const POLICY_POLL: Duration = Duration::from_millis(250);
 pub struct XdsHost {
     pub addr: SocketAddr,
     pub cache: SnapshotCache,
-    source: PolicySource,
+    source: Arc<PolicySource>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -50,12 +50,14 @@ impl XdsHost {
         json!({"source": source, "nodes": self.cache.status()})
     }
 
-    /// The xDS part of /metrics: the policy source (`halo_policy_*`: reloads by outcome,
-    /// the served version) and the ADS server (`halo_xds_*`: pushes, ACKs, NACKs...).
+    /// The policy source feeding this host (halo-server's API reads the same one).
+    pub fn source(&self) -> Arc<PolicySource> {
+        Arc::clone(&self.source)
+    }
+
+    /// The ADS server's part of /metrics (`halo_xds_*`: pushes, ACKs, NACKs...).
     pub fn render_prometheus(&self) -> String {
-        let mut out = self.source.status().render_prometheus();
-        out.push_str(&self.cache.metrics().render_prometheus());
-        out
+        self.cache.metrics().render_prometheus()
     }
 }
 
@@ -91,7 +93,10 @@ fn gateway_settings(
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?
+            // YAML or JSON, strictly, as `halo envoy bootstrap --gateway-settings` reads
+            // its file: serde-saphyr's message names the unknown or mistyped key.
+            serde_saphyr::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("--xds-gateway-file {}: {e}", path.display()))?
         }
         (None, None) => GatewaySettings::default(),
     };
@@ -133,7 +138,7 @@ fn gateway_settings(
 pub async fn start(
     settings: &Settings,
     options: XdsOptions,
-    state: &Arc<AppState>,
+    killswitch: Option<&Arc<KillSwitch>>,
     api_addr: SocketAddr,
 ) -> anyhow::Result<Option<XdsHost>> {
     let Some(listen) = settings.xds_listen else {
@@ -147,7 +152,7 @@ pub async fn start(
     let cache = SnapshotCache::new();
     let (tx, rx) = watch::channel(None::<String>);
     let mut tasks = Vec::new();
-    if let Some(ks) = &state.killswitch {
+    if let Some(ks) = killswitch {
         let mut signed = ks.subscribe();
         let text = |s: &crate::killswitch::SignedList| String::from_utf8(s.envelope.to_vec()).ok();
         let _ = tx.send(text(&signed.borrow_and_update()));
@@ -168,7 +173,7 @@ pub async fn start(
         rx,
         options.transform,
     )
-    .map_err(|e| anyhow::anyhow!("xDS policy source: {e}"))?;
+    .map_err(crate::server::policy_error)?;
     let serving = cache.clone();
     tasks.push(tokio::spawn(async move {
         if let Err(e) = halo_xds::serve(listener, serving).await {
@@ -179,7 +184,62 @@ pub async fn start(
     Ok(Some(XdsHost {
         addr,
         cache,
-        source,
+        source: Arc::new(source),
         tasks,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(file: &std::path::Path) -> Settings {
+        Settings {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            admin_listen: "127.0.0.1:0".parse().expect("addr"),
+            policy_dir: "policy".into(),
+            data_dir: None,
+            killswitch_key_file: None,
+            gateway_token_file: None,
+            token_file: None,
+            device_ttl: Duration::from_secs(60),
+            enrollment_ttl: Duration::from_secs(60),
+            oidc_ca_file: None,
+            max_body_bytes: 4096,
+            xds_listen: Some("127.0.0.1:0".parse().expect("addr")),
+            xds_gateway_file: Some(file.to_path_buf()),
+        }
+    }
+
+    /// The gateway file is YAML or JSON, strict, and a `halo envoy bootstrap
+    /// --gateway-settings` file is one as it is (the README's example).
+    #[test]
+    fn the_gateway_file_is_yaml_or_json_and_strict() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let yaml = dir.path().join("gw.yaml");
+        std::fs::write(
+            &yaml,
+            "listenPort: 10000\nupstreamHeaders:\n  llm-orchestrator: {x-api-key: \"${ORCH_KEY}\"}\nupstreamHosts: [llm.acme.internal]\nvertexTokenSds: /etc/halos/secrets/vertex-token.json\n",
+        )
+        .expect("write");
+        let gs = gateway_settings(&settings(&yaml), None, addr).expect("YAML reads");
+        assert_eq!(gs.listen_port, 10000);
+        assert_eq!(gs.upstream_hosts, vec!["llm.acme.internal".to_string()]);
+        assert_eq!(gs.wasm_path, GatewaySettings::default().wasm_path);
+
+        let json = dir.path().join("gw.json");
+        std::fs::write(&json, r#"{"listenAddress": "127.0.0.1", "maxAttempts": 2}"#)
+            .expect("write");
+        let gs = gateway_settings(&settings(&json), None, addr).expect("JSON reads");
+        assert_eq!(gs.listen_address, "127.0.0.1");
+        assert_eq!(gs.max_attempts, 2);
+
+        std::fs::write(&yaml, "listenPort: 10000\nwasmPth: /x.wasm\n").expect("write");
+        let err = gateway_settings(&settings(&yaml), None, addr)
+            .expect_err("a misspelt key is refused")
+            .to_string();
+        assert!(err.contains("wasmPth"), "{err}");
+        assert!(err.contains("gw.yaml"), "{err}");
+    }
 }

@@ -471,6 +471,12 @@ async fn enrollment_ring_report_and_revoke() {
         )
         .await;
     assert_error(&again, 401, "authentication_error");
+    // The message says what happened and where the token goes (the body), not a header
+    // (issue 27, item 6).
+    let message = again.body["message"].as_str().unwrap();
+    assert!(message.contains("already used"), "{message}");
+    assert!(message.contains("enrollmentToken"), "{message}");
+    assert!(!message.contains("Authorization"), "{message}");
     // Only digests are stored.
     let stored = std::fs::read_to_string(env.path("data").join("devices.jsonl")).unwrap()
         + &std::fs::read_to_string(env.path("data").join("enrollments.jsonl")).unwrap();

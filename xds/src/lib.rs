@@ -39,7 +39,7 @@ pub mod translate;
 pub use cache::{NodeKey, NodeStatus, Resource, Snapshot, SnapshotCache, TypeStatus, type_url};
 pub use metrics::Metrics;
 pub use server::{ServeError, serve, serve_with_shutdown};
-pub use source::{PolicySource, SourceStatus, Transform};
+pub use source::{PolicySource, Served, SourceStatus, Transform};
 pub use translate::{FILTER_CONFIG_NAME, GatewaySettings, Plan, TranslateError, plan};
 
 /// Translate `compiled` under `settings` into a cache snapshot whose version is the

@@ -13,6 +13,12 @@
 //! before it is translated (halo-demo points every upstream at its demo provider this way;
 //! validation still runs on the policy as written). [`SourceStatus::render_prometheus`]
 //! is the source's part of the host's /metrics.
+//!
+//! Every accepted policy is also published as a [`Served`] on [`PolicySource::served`], so
+//! a host's own readers (halo-server's API: kill names, fleet rings, capabilities, admin
+//! identity) read the policy the gateways are given, never the one it started with.
+//! [`PolicySource::watch`] is the same watcher without xDS, for a host that serves no
+//! Envoy but must still follow the policy dir.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -48,6 +54,16 @@ pub struct SourceStatus {
 pub type Transform =
     std::sync::Arc<dyn Fn(halo_policy::Snapshot) -> halo_policy::Snapshot + Send + Sync>;
 
+/// A policy the source accepted: the documents as written (names of every experiment and
+/// toggle, the identity) and the compiled policy as served (after the transform).
+#[derive(Debug)]
+pub struct Served {
+    pub org: halo_policy::Org,
+    pub compiled: halo_policy::Snapshot,
+    /// `compiled.version()`, computed once.
+    pub version: String,
+}
+
 /// Why the first load failed (later failures keep the old policy instead).
 #[derive(Debug, thiserror::Error)]
 #[error("policy {dir}: {problems:?}")]
@@ -59,7 +75,33 @@ pub struct SourceError {
 /// A running policy source. Dropping it stops the watcher.
 pub struct PolicySource {
     status: Arc<Mutex<SourceStatus>>,
+    served: watch::Receiver<Arc<Served>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Where a source's accepted policies go besides [`PolicySource::served`]: translated into
+/// `cache` with the gateway settings and the current kill-list envelope.
+struct Push {
+    settings: GatewaySettings,
+    cache: SnapshotCache,
+    kill_list: watch::Receiver<Option<String>>,
+}
+
+impl Push {
+    fn set(&self, compiled: &halo_policy::Snapshot, envelope: Option<&str>) -> Result<(), String> {
+        let snap = snapshot_with_kill_list(compiled, &self.settings, envelope)
+            .map_err(|e| e.to_string())?;
+        self.cache.set(NodeKey::Default, snap);
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicySource")
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for PolicySource {
@@ -108,6 +150,11 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io
 
 /// Load, validate and compile `dir`: the compiled snapshot, or every problem as a line.
 pub fn load_policy(dir: &Path) -> Result<halo_policy::Snapshot, Vec<String>> {
+    load_org(dir).map(|(_, compiled)| compiled)
+}
+
+/// [`load_policy`], keeping the documents as written beside the compiled snapshot.
+pub fn load_org(dir: &Path) -> Result<(halo_policy::Org, halo_policy::Snapshot), Vec<String>> {
     let org = match halo_policy::load::load_dir(dir) {
         Ok(org) => org,
         Err(halo_policy::load::LoadError::Invalid(issues)) => {
@@ -123,7 +170,8 @@ pub fn load_policy(dir: &Path) -> Result<halo_policy::Snapshot, Vec<String>> {
             .map(|i| i.to_string())
             .collect());
     }
-    Ok(halo_policy::compile(&org))
+    let compiled = halo_policy::compile(&org);
+    Ok((org, compiled))
 }
 
 impl PolicySource {
@@ -147,13 +195,41 @@ impl PolicySource {
         interval: Duration,
         settings: GatewaySettings,
         cache: SnapshotCache,
-        mut kill_list: watch::Receiver<Option<String>>,
+        kill_list: watch::Receiver<Option<String>>,
+        transform: Option<Transform>,
+    ) -> Result<PolicySource, SourceError> {
+        let push = Push {
+            settings,
+            cache,
+            kill_list,
+        };
+        Self::start(dir, interval, Some(push), transform)
+    }
+
+    /// Follow `dir` like [`PolicySource::spawn`] does, without serving xDS: accepted
+    /// policies are only published on [`PolicySource::served`].
+    pub fn watch(dir: PathBuf, interval: Duration) -> Result<PolicySource, SourceError> {
+        Self::start(dir, interval, None, None)
+    }
+
+    fn start(
+        dir: PathBuf,
+        interval: Duration,
+        mut push: Option<Push>,
         transform: Option<Transform>,
     ) -> Result<PolicySource, SourceError> {
         let load = move |dir: &Path| {
-            load_policy(dir).map(|compiled| match &transform {
-                Some(t) => t(compiled),
-                None => compiled,
+            load_org(dir).map(|(org, compiled)| {
+                let compiled = match &transform {
+                    Some(t) => t(compiled),
+                    None => compiled,
+                };
+                let version = compiled.version();
+                Served {
+                    org,
+                    compiled,
+                    version,
+                }
             })
         };
         let status = Arc::new(Mutex::new(SourceStatus::default()));
@@ -162,41 +238,51 @@ impl PolicySource {
             problems,
         };
         let hash = dir_hash(&dir).map_err(|e| fail(vec![e.to_string()]))?;
-        let mut served = load(&dir).map_err(fail)?;
-        let envelope = kill_list.borrow_and_update().clone();
-        let snap = snapshot_with_kill_list(&served, &settings, envelope.as_deref())
-            .map_err(|e| fail(vec![e.to_string()]))?;
-        cache.set(NodeKey::Default, snap);
+        let first = load(&dir).map_err(fail)?;
+        if let Some(p) = &mut push {
+            let envelope = p.kill_list.borrow_and_update().clone();
+            p.set(&first.compiled, envelope.as_deref())
+                .map_err(|e| fail(vec![e]))?;
+        }
         {
             let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
-            s.served_version = Some(served.version());
+            s.served_version = Some(first.version.clone());
             s.served_dir_hash = Some(hash.clone());
             s.accepted = 1;
         }
-        tracing::info!(dir = %dir.display(), version = %served.version(), "policy served");
+        tracing::info!(dir = %dir.display(), version = %first.version, "policy served");
+        let (served_tx, served) = watch::channel(Arc::new(first));
 
         let st = status.clone();
         let task = tokio::spawn(async move {
             let mut seen = hash;
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut kills_open = true;
+            let mut kills_open = push.is_some();
             loop {
+                let kill_change = async {
+                    match &mut push {
+                        Some(p) => p.kill_list.changed().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = tick.tick() => {}
-                    changed = kill_list.changed(), if kills_open => {
+                    changed = kill_change, if kills_open => {
                         if changed.is_err() {
                             kills_open = false;
                             continue;
                         }
-                        let envelope = kill_list.borrow_and_update().clone();
-                        match snapshot_with_kill_list(&served, &settings, envelope.as_deref()) {
-                            Ok(snap) => {
-                                cache.set(NodeKey::Default, snap);
-                                let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
-                                s.kill_pushes += 1;
+                        if let Some(p) = &mut push {
+                            let envelope = p.kill_list.borrow_and_update().clone();
+                            let current = Arc::clone(&served_tx.borrow());
+                            match p.set(&current.compiled, envelope.as_deref()) {
+                                Ok(()) => {
+                                    let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                                    s.kill_pushes += 1;
+                                }
+                                Err(e) => tracing::error!(error = %e, "kill list push failed"),
                             }
-                            Err(e) => tracing::error!(error = %e, "kill list push failed"),
                         }
                         continue;
                     }
@@ -224,22 +310,24 @@ impl PolicySource {
                 if refused_already {
                     continue;
                 }
-                let envelope = kill_list.borrow().clone();
-                let result = load(&dir).and_then(|compiled| {
-                    snapshot_with_kill_list(&compiled, &settings, envelope.as_deref())
-                        .map(|snap| (compiled, snap))
-                        .map_err(|e| vec![e.to_string()])
+                let result = load(&dir).and_then(|accepted| match &push {
+                    Some(p) => {
+                        let envelope = p.kill_list.borrow().clone();
+                        p.set(&accepted.compiled, envelope.as_deref())
+                            .map(|()| accepted)
+                            .map_err(|e| vec![e])
+                    }
+                    None => Ok(accepted),
                 });
                 let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
                 match result {
-                    Ok((compiled, snap)) => {
-                        cache.set(NodeKey::Default, snap);
-                        tracing::info!(dir = %dir.display(), version = %compiled.version(), "policy change pushed");
-                        s.served_version = Some(compiled.version());
+                    Ok(accepted) => {
+                        tracing::info!(dir = %dir.display(), version = %accepted.version, "policy change accepted");
+                        s.served_version = Some(accepted.version.clone());
                         s.served_dir_hash = Some(hash.clone());
                         s.accepted += 1;
                         s.rejected_dir_hash = None;
-                        served = compiled;
+                        served_tx.send_replace(Arc::new(accepted));
                         seen = hash;
                     }
                     Err(problems) => {
@@ -251,7 +339,16 @@ impl PolicySource {
                 }
             }
         });
-        Ok(PolicySource { status, task })
+        Ok(PolicySource {
+            status,
+            served,
+            task,
+        })
+    }
+
+    /// The policy served now, and every later one as it is accepted.
+    pub fn served(&self) -> watch::Receiver<Arc<Served>> {
+        self.served.clone()
     }
 
     /// What is served and what was refused.
