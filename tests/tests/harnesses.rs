@@ -46,6 +46,15 @@ fn model_id(alias: &str) -> &'static str {
         .expect("an alias of the test policy")
 }
 
+/// The policy upstream an alias of the test policy is routed to.
+fn upstream_of(alias: &str) -> &'static str {
+    match alias {
+        "gpt" => "openai",
+        "gemini-pro" => "gemini",
+        _ => "anthropic",
+    }
+}
+
 /// The test policy as a policy directory: one ring, one profile pinning the installed
 /// harnesses, every Claude Code family an alias.
 fn write_policy(dir: &Path, issuer: &str, provider: &str) {
@@ -55,12 +64,20 @@ fn write_policy(dir: &Path, issuer: &str, provider: &str) {
     let models: String = MODELS
         .iter()
         .map(|(alias, id)| {
-            let upstream = match *alias {
-                "gpt" => "openai",
-                "gemini-pro" => "gemini",
-                _ => "anthropic",
-            };
+            let upstream = upstream_of(alias);
             format!("  {alias}:\n    upstream: {upstream}\n    model: {id}\n")
+        })
+        .collect();
+    // Every routed model priced, so the policy is clean (no `unpriced` warning).
+    let prices: String = ["anthropic", "openai", "gemini"]
+        .iter()
+        .map(|upstream| {
+            let models: String = MODELS
+                .iter()
+                .filter(|(alias, _)| upstream_of(alias) == *upstream)
+                .map(|(_, id)| format!("    {id}: {{input: 1, output: 5}}\n"))
+                .collect();
+            format!("  {upstream}:\n{models}")
         })
         .collect();
     let files = [
@@ -73,7 +90,7 @@ fn write_policy(dir: &Path, issuer: &str, provider: &str) {
         (
             "gateway.yaml",
             format!(
-                "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience {AUDIENCE}\nupstreams:\n  anthropic:\n    url: {provider}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  openai:\n    url: {provider}\n    kind: openai\n    credential:\n      env: HALO_TEST_OPENAI_KEY\n  gemini:\n    url: {provider}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\nmodels:\n{models}"
+                "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience {AUDIENCE}\nupstreams:\n  anthropic:\n    url: {provider}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  openai:\n    url: {provider}\n    kind: openai\n    credential:\n      env: HALO_TEST_OPENAI_KEY\n  gemini:\n    url: {provider}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\nmodels:\n{models}prices:\n{prices}"
             ),
         ),
         (
