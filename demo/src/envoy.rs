@@ -60,19 +60,6 @@ pub struct EnvoyProcess {
 pub const DEMO_AWS_ACCESS_KEY: &str = "AKIDHALOSDEMO0000000";
 pub const DEMO_AWS_SECRET_KEY: &str = "halos/demo/secret/key/not/a/real/one/0000";
 
-/// Where else Envoy's AWS credential chain would look: removed from its environment.
-const AWS_CHAIN: [&str; 9] = [
-    "AWS_PROFILE",
-    "AWS_SESSION_TOKEN",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "AWS_CONFIG_FILE",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_ROLE_ARN",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-];
-
 impl EnvoyProcess {
     /// Write the bootstrap and start Envoy on it (one worker thread: it is a demo).
     pub fn spawn(bootstrap: &str, admin: SocketAddr) -> anyhow::Result<EnvoyProcess> {
@@ -103,13 +90,13 @@ impl EnvoyProcess {
         }
         // Bedrock upstreams are signed with the demo's key pair (the demo provider
         // verifies it), and with nothing else: the AWS chain sees only these.
-        for name in AWS_CHAIN {
-            command.env_remove(name);
+        let demo_key = Some((DEMO_AWS_ACCESS_KEY, DEMO_AWS_SECRET_KEY));
+        for (name, value) in halo_testkit::envoy::aws_chain_env(demo_key) {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
         }
-        command
-            .env("AWS_ACCESS_KEY_ID", DEMO_AWS_ACCESS_KEY)
-            .env("AWS_SECRET_ACCESS_KEY", DEMO_AWS_SECRET_KEY)
-            .env("AWS_EC2_METADATA_DISABLED", "true");
         let child = command
             .arg("-c")
             .arg(&config)

@@ -33,6 +33,38 @@ pub fn envoy_binary() -> PathBuf {
     }
 }
 
+/// Every variable Envoy's default AWS credential chain reads: the environment's key pair,
+/// profiles and shared files, web identity, the container endpoint. A test or the demo
+/// removes them all so Envoy signs with exactly the key pair it is given, or finds none.
+pub const AWS_CREDENTIAL_CHAIN: [&str; 11] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+];
+
+/// Envoy's environment for the AWS chain: every variable of [`AWS_CREDENTIAL_CHAIN`]
+/// removed, the instance metadata service off (so a missing credential is found missing at
+/// once, not after IMDS timeouts), and `key` (access key id, secret) the one credential when
+/// given. In the form [`Envoy::start_with_env`] takes.
+pub fn aws_chain_env<'a>(key: Option<(&'a str, &'a str)>) -> Vec<(&'static str, Option<&'a str>)> {
+    let mut env: Vec<(&'static str, Option<&'a str>)> =
+        AWS_CREDENTIAL_CHAIN.iter().map(|name| (*name, None)).collect();
+    env.push(("AWS_EC2_METADATA_DISABLED", Some("true")));
+    if let Some((access_key_id, secret)) = key {
+        env.push(("AWS_ACCESS_KEY_ID", Some(access_key_id)));
+        env.push(("AWS_SECRET_ACCESS_KEY", Some(secret)));
+    }
+    env
+}
+
 /// A running Envoy.
 pub struct Envoy {
     child: Child,

@@ -227,28 +227,12 @@ fn write_key(path: &Path, key: &str) {
     std::fs::rename(&tmp, path).expect("rename key");
 }
 
-/// What the AWS default chain may read, pointed at nothing; IMDS off so a missing
-/// credential is found missing at once.
+/// What the AWS default chain may read, pointed at nothing but (optionally) the test's key
+/// pair.
 fn aws_env(home: &str, with_credentials: bool) -> Vec<(&str, Option<&str>)> {
-    let mut env = vec![
-        ("HOME", Some(home)),
-        ("AWS_EC2_METADATA_DISABLED", Some("true")),
-        ("AWS_PROFILE", None),
-        ("AWS_SESSION_TOKEN", None),
-        ("AWS_SHARED_CREDENTIALS_FILE", None),
-        ("AWS_CONFIG_FILE", None),
-        ("AWS_WEB_IDENTITY_TOKEN_FILE", None),
-        ("AWS_ROLE_ARN", None),
-        ("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", None),
-        ("AWS_CONTAINER_CREDENTIALS_FULL_URI", None),
-    ];
-    if with_credentials {
-        env.push(("AWS_ACCESS_KEY_ID", Some(ACCESS_KEY)));
-        env.push(("AWS_SECRET_ACCESS_KEY", Some(SECRET_KEY)));
-    } else {
-        env.push(("AWS_ACCESS_KEY_ID", None));
-        env.push(("AWS_SECRET_ACCESS_KEY", None));
-    }
+    let key = with_credentials.then_some((ACCESS_KEY, SECRET_KEY));
+    let mut env = halo_testkit::envoy::aws_chain_env(key);
+    env.push(("HOME", Some(home)));
     env
 }
 

@@ -20,29 +20,14 @@ const AZURE_KEY: &str = "azure-gateway-key";
 /// Envoy's environment: the AWS chain pointed at nothing but (optionally) the test's key
 /// pair, and the key variables the policy's credentials name.
 fn env(home: &str, aws: bool) -> Vec<(String, Option<String>)> {
-    let mut env: Vec<(String, Option<String>)> = [
-        "AWS_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_SHARED_CREDENTIALS_FILE",
-        "AWS_CONFIG_FILE",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_ROLE_ARN",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-    ]
-    .iter()
-    .map(|n| (n.to_string(), None))
-    .collect();
+    let key = aws.then_some((ACCESS_KEY, SECRET_KEY));
+    let mut env: Vec<(String, Option<String>)> = halo_testkit::envoy::aws_chain_env(key)
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value.map(str::to_string)))
+        .collect();
     env.push(("HOME".into(), Some(home.into())));
-    env.push(("AWS_EC2_METADATA_DISABLED".into(), Some("true".into())));
     env.push(("HALO_TEST_ANTHROPIC_KEY".into(), Some(ANTHROPIC_KEY.into())));
     env.push(("HALO_TEST_AZURE_KEY".into(), Some(AZURE_KEY.into())));
-    if aws {
-        env.push(("AWS_ACCESS_KEY_ID".into(), Some(ACCESS_KEY.into())));
-        env.push(("AWS_SECRET_ACCESS_KEY".into(), Some(SECRET_KEY.into())));
-    }
     env
 }
 
