@@ -55,8 +55,10 @@ pub const AWS_CREDENTIAL_CHAIN: [&str; 11] = [
 /// once, not after IMDS timeouts), and `key` (access key id, secret) the one credential when
 /// given. In the form [`Envoy::start_with_env`] takes.
 pub fn aws_chain_env<'a>(key: Option<(&'a str, &'a str)>) -> Vec<(&'static str, Option<&'a str>)> {
-    let mut env: Vec<(&'static str, Option<&'a str>)> =
-        AWS_CREDENTIAL_CHAIN.iter().map(|name| (*name, None)).collect();
+    let mut env: Vec<(&'static str, Option<&'a str>)> = AWS_CREDENTIAL_CHAIN
+        .iter()
+        .map(|name| (*name, None))
+        .collect();
     env.push(("AWS_EC2_METADATA_DISABLED", Some("true")));
     if let Some((access_key_id, secret)) = key {
         env.push(("AWS_ACCESS_KEY_ID", Some(access_key_id)));
