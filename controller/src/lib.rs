@@ -5,6 +5,8 @@
 //! A pure core with its I/O at the edges:
 //! - [`stats`]: the mSPRT confidence sequence (pure, O(1) per update);
 //! - [`decide`]: one experiment's verdict from its evidence (pure, time passed in);
+//! - [`rollout`]: a rollout step's move from its bake, gates and guardrails (pure);
+//! - [`rollout_state`]: `rollouts/<name>.json`, each rollout's hash-chained history;
 //! - [`controller`]: the loop and the executor, behind ports for the policy served now,
 //!   the evidence ([`evidence::EvidenceSource`]), the kill switch ([`kill::KillSwitch`]),
 //!   pull requests ([`pr::PullRequests`]) and notifications ([`notify::Notifier`]);
@@ -17,5 +19,7 @@ pub mod evidence;
 pub mod kill;
 pub mod notify;
 pub mod pr;
+pub mod rollout;
+pub mod rollout_state;
 pub mod state;
 pub mod stats;

@@ -1,0 +1,389 @@
+//! The rollout's pure evaluation and its hash-chained state file, on the example policy's
+//! two rollouts (examples/acme-corp/rollouts): a traffic rollout (sonnet-bedrock, backed by
+//! sonnet-bedrock-canary) and a client rollout (harness-upgrade).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use halo_controller::decide::{Deciding, Decision, Verdict};
+use halo_controller::evidence::{Sample, Source};
+use halo_controller::kill::KillOutcome;
+use halo_controller::rollout::{self, Evaluation, GateState, Inputs, Move};
+use halo_controller::rollout_state::{self, ChainError, Event};
+use halo_policy::types::{Axis, Org};
+use time::{Duration, OffsetDateTime, macros::datetime};
+
+const T0: OffsetDateTime = datetime!(2026-12-01 12:00 UTC);
+const ERROR_RATE: &str = "halo.api.error_rate";
+const P95: &str = "halo.latency.p95";
+
+fn org() -> Org {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/acme-corp");
+    halo_policy::load::load_dir(&dir).expect("the example policy loads")
+}
+
+/// `n` units of `variant`, each with `value`.
+fn units(variant: &str, n: usize, value: f64, source: Source) -> Vec<Sample> {
+    (0..n)
+        .map(|i| Sample {
+            variant: variant.into(),
+            unit: format!("{variant}-u{i}"),
+            value,
+            source,
+        })
+        .collect()
+}
+
+/// The traffic rollout at `step`, its experiment's floor lowered to 40 units per arm.
+struct Traffic {
+    org: Org,
+}
+
+impl Traffic {
+    fn at(step: u32) -> Traffic {
+        let mut org = org();
+        org.rollouts.get_mut("sonnet-bedrock").unwrap().step = step;
+        let exp = org.experiments.get_mut("sonnet-bedrock-canary").unwrap();
+        exp.stopping.as_mut().unwrap().min_samples = Some(40);
+        Traffic { org }
+    }
+
+    fn eval(
+        &self,
+        since_start: Duration,
+        samples: &BTreeMap<String, Vec<Sample>>,
+        guardrails: Option<&Verdict>,
+    ) -> Evaluation {
+        rollout::evaluate(&Inputs {
+            rollout: &self.org.rollouts["sonnet-bedrock"],
+            experiment: &self.org.experiments["sonnet-bedrock-canary"],
+            step_started: T0,
+            now: T0 + since_start,
+            samples,
+            guardrails,
+        })
+        .expect("evaluates")
+    }
+}
+
+/// Gate samples for step 0 (error rate at most 0.02, p95 at most 8000 ms): the treatment
+/// arm ("canary") at the given values, control far worse (it must not count).
+fn step0_samples(
+    error_rate: f64,
+    p95: f64,
+    n: usize,
+    source: Source,
+) -> BTreeMap<String, Vec<Sample>> {
+    let mut err = units("canary", n, error_rate, source);
+    err.extend(units("control", n, 0.9, source));
+    let mut lat = units("canary", n, p95, source);
+    lat.extend(units("control", n, 60_000.0, source));
+    BTreeMap::from([(ERROR_RATE.to_string(), err), (P95.to_string(), lat)])
+}
+
+#[test]
+fn a_step_holds_while_it_bakes_then_advances_when_its_gates_hold() {
+    let t = Traffic::at(0);
+    // 1/64: exact in binary, so the mean is too.
+    let good = step0_samples(0.015625, 5000.0, 50, Source::Gateway);
+    // Step 0 bakes 30m.
+    let e = t.eval(Duration::minutes(10), &good, None);
+    assert_eq!(e.action, Move::Hold, "{e:?}");
+    assert_eq!(e.bake_left_seconds, 20 * 60);
+    assert!(e.reason.contains("20m"), "{}", e.reason);
+    assert!(
+        e.gates.iter().all(|g| g.state == GateState::Pass),
+        "{:?}",
+        e.gates
+    );
+
+    let e = t.eval(Duration::minutes(30), &good, None);
+    assert_eq!(e.action, Move::Advance { to: 1 }, "{e:?}");
+    assert_eq!(e.bake_left_seconds, 0);
+    // Only the treatment arm counts: control's 0.9 error rate is not the cohort's.
+    let err = e.gates.iter().find(|g| g.metric == ERROR_RATE).unwrap();
+    assert_eq!((err.value, err.n), (Some(0.015625), 50));
+}
+
+#[test]
+fn the_last_step_completes() {
+    let t = Traffic::at(3);
+    let mut samples = step0_samples(0.005, 5000.0, 50, Source::Gateway);
+    samples.remove(P95);
+    let e = t.eval(Duration::hours(72), &samples, None);
+    assert_eq!(e.action, Move::Complete, "{e:?}");
+}
+
+#[test]
+fn a_gate_without_the_sample_floor_holds_after_the_bake_and_never_fails() {
+    let t = Traffic::at(0);
+    // 39 units of a terrible error rate: under the floor of 40, neither pass nor fail.
+    let few = step0_samples(0.5, 5000.0, 39, Source::Gateway);
+    let e = t.eval(Duration::hours(1), &few, None);
+    assert_eq!(e.action, Move::Hold, "{e:?}");
+    assert!(e.gates.iter().all(|g| g.state == GateState::NoEvidence));
+    assert!(e.reason.contains("fewer than the floor"), "{}", e.reason);
+    // No samples at all: the same.
+    let e = t.eval(Duration::hours(1), &BTreeMap::new(), None);
+    assert_eq!(e.action, Move::Hold);
+}
+
+#[test]
+fn a_failing_gate_rolls_back_during_the_bake_and_only_gateway_evidence_may_kill() {
+    let t = Traffic::at(0);
+    let bad = step0_samples(0.05, 5000.0, 50, Source::Gateway);
+    let e = t.eval(Duration::minutes(5), &bad, None);
+    assert_eq!(e.action, Move::Rollback, "{e:?}");
+    assert!(e.reason.contains(ERROR_RATE), "{}", e.reason);
+    assert_eq!(e.deciding_sources, BTreeSet::from([Source::Gateway]));
+    assert!(e.may_kill(Axis::Traffic));
+    // A client rollout never kills; neither does CLI-sourced evidence.
+    assert!(!e.may_kill(Axis::Client));
+    let cli = step0_samples(0.05, 5000.0, 50, Source::Cli);
+    let e = t.eval(Duration::minutes(5), &cli, None);
+    assert_eq!(e.action, Move::Rollback);
+    assert!(!e.may_kill(Axis::Traffic), "{e:?}");
+}
+
+#[test]
+fn a_min_bound_fails_below_it_and_pause_steps_pause() {
+    // Step 2: error rate at most 0.01 and accepted edits at least 0.6, onFailure rollback.
+    let t = Traffic::at(2);
+    let mut samples = BTreeMap::new();
+    samples.insert(
+        ERROR_RATE.to_string(),
+        units("canary", 50, 0.0, Source::Gateway),
+    );
+    samples.insert(
+        "halo.session.accepted_edits".to_string(),
+        units("canary", 50, 0.4, Source::Cli),
+    );
+    let e = t.eval(Duration::hours(30), &samples, None);
+    assert_eq!(e.action, Move::Rollback);
+    assert!(e.reason.contains("min 0.6"), "{}", e.reason);
+    assert!(!e.may_kill(Axis::Traffic), "CLI evidence decided: {e:?}");
+
+    // Step 3 pauses (a human decides at the widest step).
+    let t = Traffic::at(3);
+    let samples = BTreeMap::from([(
+        ERROR_RATE.to_string(),
+        units("canary", 50, 0.2, Source::Gateway),
+    )]);
+    let e = t.eval(Duration::hours(1), &samples, None);
+    assert_eq!(e.action, Move::Pause);
+    assert!(e.action.halts());
+    assert!(!e.may_kill(Axis::Traffic), "a pause never kills");
+}
+
+#[test]
+fn a_guardrail_breach_of_the_backing_experiment_is_the_steps_failure() {
+    let t = Traffic::at(0);
+    let good = step0_samples(0.01, 5000.0, 50, Source::Gateway);
+    let breach = Verdict {
+        decision: Decision::Rollback,
+        reason: "halo.latency.p95 regressed".into(),
+        deciding: Some(Deciding {
+            metric: P95.into(),
+            variant: "canary".into(),
+            sources: BTreeSet::from([Source::Gateway]),
+        }),
+        table: Vec::new(),
+        samples: BTreeMap::new(),
+    };
+    let e = t.eval(Duration::minutes(1), &good, Some(&breach));
+    assert_eq!(e.action, Move::Rollback, "{e:?}");
+    assert!(e.reason.contains("guardrail"), "{}", e.reason);
+    assert!(e.may_kill(Axis::Traffic));
+    // A continue verdict changes nothing.
+    let cont = Verdict {
+        decision: Decision::Continue,
+        deciding: None,
+        ..breach
+    };
+    assert_eq!(
+        t.eval(Duration::minutes(1), &good, Some(&cont)).action,
+        Move::Hold
+    );
+}
+
+#[test]
+fn a_step_the_policy_does_not_have_is_an_error() {
+    let t = Traffic::at(7);
+    let err = rollout::evaluate(&Inputs {
+        rollout: &t.org.rollouts["sonnet-bedrock"],
+        experiment: &t.org.experiments["sonnet-bedrock-canary"],
+        step_started: T0,
+        now: T0,
+        samples: &BTreeMap::new(),
+        guardrails: None,
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("step 7 does not exist"), "{err}");
+}
+
+// --- the state file -------------------------------------------------------------------
+
+fn evaluation(action: Move) -> Box<Evaluation> {
+    Box::new(Evaluation {
+        step: 0,
+        action,
+        reason: "because".into(),
+        gates: Vec::new(),
+        bake_left_seconds: 0,
+        deciding_sources: BTreeSet::from([Source::Gateway]),
+    })
+}
+
+/// A chain with a started step, a rollback decided and its kill and PR recorded.
+fn written(data: &Path) {
+    let mut chain = rollout_state::load(data, "sonnet-bedrock").unwrap();
+    chain.append(T0, Event::StepStarted { step: 0 }).unwrap();
+    chain
+        .append(
+            T0 + Duration::minutes(5),
+            Event::Decided {
+                step: 0,
+                evaluation: evaluation(Move::Rollback),
+            },
+        )
+        .unwrap();
+    chain
+        .append(
+            T0 + Duration::minutes(5),
+            Event::Kill {
+                step: 0,
+                outcome: KillOutcome::Killed,
+            },
+        )
+        .unwrap();
+    chain
+        .append(
+            T0 + Duration::minutes(6),
+            Event::PullRequest {
+                step: 0,
+                url: "https://example.invalid/pr/1".into(),
+            },
+        )
+        .unwrap();
+}
+
+fn file(data: &Path) -> std::path::PathBuf {
+    data.join("rollouts/sonnet-bedrock.json")
+}
+
+#[test]
+fn the_chain_survives_a_restart_with_its_bake_clock_and_actions() {
+    let data = tempfile::tempdir().unwrap();
+    written(data.path());
+    let chain = rollout_state::load(data.path(), "sonnet-bedrock").unwrap();
+    let s = chain.state();
+    assert_eq!(s.step, Some(0));
+    assert_eq!(s.step_started, Some(T0), "the bake resumes where it was");
+    assert!(s.halted);
+    assert_eq!(s.decided(0), Some(Move::Rollback));
+    let a = s.action.as_ref().unwrap();
+    assert_eq!(a.kill_outcome, Some(KillOutcome::Killed));
+    assert_eq!(
+        a.pull_request.as_deref(),
+        Some("https://example.invalid/pr/1")
+    );
+    assert!(!a.notified, "the notification is the step still to do");
+    assert_eq!(chain.records().len(), 4);
+    assert!(chain.head().unwrap().starts_with("sha256:"));
+
+    // A new step (a human merged the advance) starts a new bake and clears the halt.
+    let mut chain = chain;
+    chain
+        .append(T0 + Duration::hours(2), Event::StepStarted { step: 1 })
+        .unwrap();
+    let chain = rollout_state::load(data.path(), "sonnet-bedrock").unwrap();
+    assert_eq!(chain.state().step, Some(1));
+    assert!(!chain.state().halted);
+    assert_eq!(chain.state().decided(1), None);
+}
+
+/// Edit the file as JSON and expect `load` to refuse it as a broken chain.
+fn tamper(edit: impl FnOnce(&mut serde_json::Value)) -> ChainError {
+    let data = tempfile::tempdir().unwrap();
+    written(data.path());
+    let path = file(data.path());
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut doc);
+    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    rollout_state::load(data.path(), "sonnet-bedrock").unwrap_err()
+}
+
+#[test]
+fn an_edited_record_is_refused() {
+    let err = tamper(|d| d["records"][1]["event"]["evaluation"]["action"]["move"] = "pause".into());
+    assert!(matches!(err, ChainError::Broken { seq: 2, .. }), "{err}");
+    assert!(
+        err.to_string().contains("held until the file is repaired"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_edited_last_record_is_refused() {
+    let err = tamper(|d| d["records"][3]["event"]["url"] = "https://evil.invalid/pr/2".into());
+    assert!(matches!(err, ChainError::Broken { seq: 3, .. }), "{err}");
+}
+
+#[test]
+fn a_record_removed_from_the_middle_or_reordered_is_refused() {
+    let err = tamper(|d| {
+        d["records"].as_array_mut().unwrap().remove(1);
+    });
+    assert!(matches!(err, ChainError::Broken { seq: 1, .. }), "{err}");
+    let err = tamper(|d| d["records"].as_array_mut().unwrap().swap(1, 2));
+    assert!(matches!(err, ChainError::Broken { seq: 1, .. }), "{err}");
+}
+
+#[test]
+fn a_cut_file_or_an_unknown_field_is_refused_by_name() {
+    let data = tempfile::tempdir().unwrap();
+    written(data.path());
+    let path = file(data.path());
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let err = rollout_state::load(data.path(), "sonnet-bedrock").unwrap_err();
+    assert!(matches!(err, ChainError::Malformed { .. }), "{err}");
+    assert!(err.to_string().contains("sonnet-bedrock.json"), "{err}");
+
+    let err = tamper(|d| d["records"][0]["extra"] = 1.into());
+    assert!(matches!(err, ChainError::Malformed { .. }), "{err}");
+    assert!(err.to_string().contains("records[0]"), "{err}");
+}
+
+#[test]
+fn another_rollouts_file_and_a_path_like_name_are_refused() {
+    let data = tempfile::tempdir().unwrap();
+    written(data.path());
+    std::fs::copy(
+        file(data.path()),
+        data.path().join("rollouts/harness-upgrade.json"),
+    )
+    .unwrap();
+    let err = rollout_state::load(data.path(), "harness-upgrade").unwrap_err();
+    assert!(err.to_string().contains("sonnet-bedrock"), "{err}");
+    let err = rollout_state::load(data.path(), "../etc").unwrap_err();
+    assert!(matches!(err, ChainError::BadName(_)), "{err}");
+}
+
+#[test]
+fn a_failed_write_leaves_the_chain_in_memory_as_it_was() {
+    let data = tempfile::tempdir().unwrap();
+    written(data.path());
+    let mut chain = rollout_state::load(data.path(), "sonnet-bedrock").unwrap();
+    // A non-empty folder where the file goes: the rename fails (for root too).
+    let path = file(data.path());
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir_all(path.join("in-the-way")).unwrap();
+    let err = chain
+        .append(T0 + Duration::hours(1), Event::Notified { step: 0 })
+        .unwrap_err();
+    assert!(matches!(err, ChainError::Write(_)), "{err}");
+    assert_eq!(chain.records().len(), 4);
+    assert!(!chain.state().action.as_ref().unwrap().notified);
+}
