@@ -106,6 +106,7 @@ impl World {
             max_body_bytes: 64 * 1024,
             xds_listen: None,
             xds_gateway_file: None,
+            evidence: Default::default(),
         };
         let server = halo_server::server::start(&settings).await.unwrap();
         let api = format!("http://{}", server.api_addr);

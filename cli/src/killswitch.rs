@@ -73,7 +73,7 @@ pub enum KillswitchCommand {
     },
 }
 
-fn token(args: &ServerArgs) -> anyhow::Result<String> {
+pub(crate) fn token(args: &ServerArgs) -> anyhow::Result<String> {
     let token = match &args.token_file {
         Some(path) => read_token(path)?,
         None => std::env::var("HALO_TOKEN")
@@ -90,7 +90,7 @@ fn read_token(path: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
-fn client() -> anyhow::Result<reqwest::blocking::Client> {
+pub(crate) fn client() -> anyhow::Result<reqwest::blocking::Client> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -98,12 +98,12 @@ fn client() -> anyhow::Result<reqwest::blocking::Client> {
         .context("building the HTTP client")
 }
 
-fn url(server: &str, path: &str) -> String {
+pub(crate) fn url(server: &str, path: &str) -> String {
     format!("{}{path}", server.trim_end_matches('/'))
 }
 
 /// Send and decode; a non-2xx answer becomes an error with the server's code and message.
-fn call(req: reqwest::blocking::RequestBuilder, what: &str) -> anyhow::Result<Value> {
+pub(crate) fn call(req: reqwest::blocking::RequestBuilder, what: &str) -> anyhow::Result<Value> {
     let resp = req
         .send()
         .with_context(|| format!("{what}: cannot reach halo-server"))?;

@@ -3,12 +3,14 @@
 //! Policy commands work on a policy repo directory: `validate`, `gateway compile` and
 //! `gateway routes`; `keys generate` makes the ed25519 key pairs that sign releases and
 //! kill lists; `kill`, `unkill` and `killswitch status` call halo-server's admin API;
-//! `auth login | token | status | logout` is the developer's own token (halo-auth).
+//! `auth login | token | status | logout` is the developer's own token (halo-auth);
+//! `evidence query` summarizes an experiment's evidence from halo-server.
 //! Exit codes: 0 success, 1 an invalid policy or a failed operation, 2 a usage error,
 //! 3 not logged in or the session ended (`halo auth ...`).
 
 mod auth;
 mod envoy;
+mod evidence;
 mod gateway;
 mod keys;
 mod killswitch;
@@ -113,6 +115,11 @@ enum Command {
         #[command(subcommand)]
         command: auth::AuthCommand,
     },
+    /// Evidence halo-server received: per-variant summaries of an experiment's samples.
+    Evidence {
+        #[command(subcommand)]
+        command: evidence::EvidenceCommand,
+    },
 }
 
 /// How a command failed.
@@ -148,6 +155,8 @@ fn main() -> ExitCode {
         Command::Unkill(args) => killswitch::change(args, false),
         Command::Killswitch { command } => killswitch::run(command),
         Command::Auth { command } => auth::run(command),
+    },
+        Command::Evidence { command } => evidence::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -62,6 +62,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/fleet/report"),
     ("GET", "/api/v1/devices"),
     ("POST", "/api/v1/devices/{id}/revoke"),
+    ("GET", "/api/v1/evidence/samples"),
 ];
 
 /// Everything the handlers share.
@@ -77,6 +78,8 @@ pub struct AppState {
     pub throttle: Throttle,
     pub metrics: Metrics,
     pub max_body_bytes: usize,
+    /// The evidence store, when the receivers run.
+    pub evidence: Option<Arc<crate::evidence::Evidence>>,
 }
 
 type Shared = Arc<AppState>;
@@ -207,6 +210,7 @@ pub fn router(state: Shared) -> Router {
         .route("/api/v1/fleet/report", post(fleet_report))
         .route("/api/v1/devices", get(list_devices))
         .route("/api/v1/devices/{id}/revoke", post(revoke_device))
+        .route("/api/v1/evidence/samples", get(crate::evidence::samples))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -363,6 +367,9 @@ async fn metrics(
     if let Some(x) = xds {
         text.push_str(&x.render_prometheus());
     }
+    if let Some(e) = &state.evidence {
+        text.push_str(&e.metrics.render());
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -392,7 +399,7 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-async fn admin(state: &AppState, headers: &HeaderMap) -> Result<Admin, ApiError> {
+pub(crate) async fn admin(state: &AppState, headers: &HeaderMap) -> Result<Admin, ApiError> {
     let policy = state.policy();
     state
         .oidc

@@ -97,6 +97,43 @@ pub struct Flags {
     /// their defaults) for --xds-listen [default: the built-in defaults].
     #[arg(long, value_name = "FILE", env = "HALO_SERVER_XDS_GATEWAY_FILE")]
     pub xds_gateway_file: Option<PathBuf>,
+    /// CLI evidence receiver, OTLP gRPC and HTTP (spec :4317): harness telemetry,
+    /// stamped source=cli [default: off].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_OTLP_CLI_LISTEN")]
+    pub otlp_cli_listen: Option<SocketAddr>,
+    /// A second CLI receiver address (spec :4318, for OTLP/HTTP exporters) [default: off].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_OTLP_CLI_HTTP_LISTEN")]
+    pub otlp_cli_http_listen: Option<SocketAddr>,
+    /// File holding the bearer token the CLI receivers require [default: none required].
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_OTLP_CLI_TOKEN_FILE")]
+    pub otlp_cli_token_file: Option<PathBuf>,
+    /// Gateway evidence receiver (spec :4319): Envoy's records, stamped source=gateway,
+    /// the only source that may trip a kill; requires --otlp-gateway-token-file
+    /// [default: off].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_OTLP_GATEWAY_LISTEN")]
+    pub otlp_gateway_listen: Option<SocketAddr>,
+    /// File holding the bearer token gateways present to the gateway receiver
+    /// (`openssl rand -hex 32`).
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_OTLP_GATEWAY_TOKEN_FILE")]
+    pub otlp_gateway_token_file: Option<PathBuf>,
+    /// Eval evidence receiver (spec :4320), stamped source=eval; requires
+    /// --otlp-eval-token-file [default: off].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_OTLP_EVAL_LISTEN")]
+    pub otlp_eval_listen: Option<SocketAddr>,
+    /// File holding the eval receiver's bearer token; it must differ from the gateway's.
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_OTLP_EVAL_TOKEN_FILE")]
+    pub otlp_eval_token_file: Option<PathBuf>,
+    /// Largest OTLP batch (encoded request) a receiver accepts, in bytes [default: 4194304].
+    #[arg(long, value_name = "BYTES", env = "HALO_SERVER_OTLP_MAX_BATCH_BYTES")]
+    pub otlp_max_batch_bytes: Option<usize>,
+    /// File holding a PostgreSQL connection string for the evidence store [default: the
+    /// embedded store, evidence.db in --data-dir].
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_EVIDENCE_POSTGRES_FILE")]
+    pub evidence_postgres_file: Option<PathBuf>,
+    /// How long evidence records are kept [default: 90d].
+    #[arg(long, value_name = "DURATION", env = "HALO_SERVER_EVIDENCE_RETENTION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "opt_duration")]
+    pub evidence_retention: Option<Duration>,
 }
 
 impl Flags {
@@ -118,11 +155,23 @@ impl Flags {
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
             xds_listen: self.xds_listen.or(file.xds_listen),
             xds_gateway_file: self.xds_gateway_file.or(file.xds_gateway_file),
+            otlp_cli_listen: self.otlp_cli_listen.or(file.otlp_cli_listen),
+            otlp_cli_http_listen: self.otlp_cli_http_listen.or(file.otlp_cli_http_listen),
+            otlp_cli_token_file: self.otlp_cli_token_file.or(file.otlp_cli_token_file),
+            otlp_gateway_listen: self.otlp_gateway_listen.or(file.otlp_gateway_listen),
+            otlp_gateway_token_file: self
+                .otlp_gateway_token_file
+                .or(file.otlp_gateway_token_file),
+            otlp_eval_listen: self.otlp_eval_listen.or(file.otlp_eval_listen),
+            otlp_eval_token_file: self.otlp_eval_token_file.or(file.otlp_eval_token_file),
+            otlp_max_batch_bytes: self.otlp_max_batch_bytes.or(file.otlp_max_batch_bytes),
+            evidence_postgres_file: self.evidence_postgres_file.or(file.evidence_postgres_file),
+            evidence_retention: self.evidence_retention.or(file.evidence_retention),
         }
     }
 
     /// The path-valued settings, to resolve a file's relative paths against its directory.
-    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 8] {
+    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 12] {
         [
             &mut self.config,
             &mut self.policy_dir,
@@ -132,6 +181,10 @@ impl Flags {
             &mut self.token_file,
             &mut self.oidc_ca_file,
             &mut self.xds_gateway_file,
+            &mut self.otlp_cli_token_file,
+            &mut self.otlp_gateway_token_file,
+            &mut self.otlp_eval_token_file,
+            &mut self.evidence_postgres_file,
         ]
     }
 }
@@ -166,6 +219,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     pub xds_listen: Option<SocketAddr>,
     pub xds_gateway_file: Option<PathBuf>,
+    /// The evidence receivers and store.
+    pub evidence: crate::evidence::EvidenceSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -212,6 +267,22 @@ impl Settings {
             max_body_bytes: flags.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
             xds_listen: flags.xds_listen,
             xds_gateway_file: flags.xds_gateway_file,
+            evidence: crate::evidence::EvidenceSettings {
+                cli_listen: flags.otlp_cli_listen,
+                cli_http_listen: flags.otlp_cli_http_listen,
+                cli_token_file: flags.otlp_cli_token_file,
+                gateway_listen: flags.otlp_gateway_listen,
+                gateway_token_file: flags.otlp_gateway_token_file,
+                eval_listen: flags.otlp_eval_listen,
+                eval_token_file: flags.otlp_eval_token_file,
+                max_batch_bytes: flags
+                    .otlp_max_batch_bytes
+                    .unwrap_or(crate::evidence::DEFAULT_MAX_BATCH_BYTES),
+                postgres_file: flags.evidence_postgres_file,
+                retention: flags
+                    .evidence_retention
+                    .unwrap_or(crate::evidence::DEFAULT_RETENTION),
+            },
         };
         settings.check()?;
         Ok(settings)
@@ -243,6 +314,7 @@ impl Settings {
         if self.max_body_bytes < 1024 {
             return invalid("--max-body-bytes must be at least 1024");
         }
+        self.evidence.check().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

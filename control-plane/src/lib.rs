@@ -16,11 +16,14 @@
 //! - [`controller`]: halo-controller's kill-switch port onto this server's switch.
 //! - [`store`]: the append-only log trait and its file and memory implementations.
 //! - [`metrics`]: Prometheus text for /metrics.
+//! - [`evidence`]: the OTLP evidence receivers per trust zone, the evidence store and
+//!   the samples query.
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod controller;
+pub mod evidence;
 pub mod fleet;
 pub mod killswitch;
 pub mod listener;

@@ -27,7 +27,11 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    // Readiness line for scripts and tests: the bound addresses (ports may be 0 in config).
+    // Readiness lines for scripts and tests: the bound addresses (ports may be 0 in
+    // config), each evidence receiver first, then the API's line, printed last.
+    for (source, addr) in running.evidence.iter().flat_map(|r| &r.addrs) {
+        println!("halo-server evidence receiver source={source} addr={addr}");
+    }
     println!(
         "halo-server listening api={} admin={}",
         running.api_addr, running.admin_addr

@@ -112,6 +112,8 @@ pub struct Running {
     pub xds: Option<Arc<crate::xds::XdsHost>>,
     /// The policy dir's watcher: what the API reads (and, with xDS, what is pushed).
     pub policy: Arc<PolicySource>,
+    /// The evidence receivers, when any `--otlp-*-listen` is set.
+    pub evidence: Option<crate::evidence::Receivers>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -126,6 +128,9 @@ impl Running {
     /// Stop both listeners and wait for them.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        if let Some(r) = self.evidence {
+            r.shutdown().await;
+        }
         for t in self.tasks {
             let _ = t.await;
         }
@@ -151,6 +156,8 @@ pub async fn start_with(
     xds: crate::xds::XdsOptions,
 ) -> anyhow::Result<Running> {
     let parts = open_parts(settings)?;
+    let receivers =
+        crate::evidence::start(&settings.evidence, settings.data_dir.as_deref()).await?;
     let api = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding --listen {}", settings.listen))?;
@@ -181,6 +188,7 @@ pub async fn start_with(
         throttle: Throttle::default(),
         metrics: Metrics::default(),
         max_body_bytes: settings.max_body_bytes,
+        evidence: receivers.as_ref().map(|r| Arc::clone(&r.evidence)),
     });
     if let Some(ks) = &state.killswitch {
         ks.spawn_resigner();
@@ -217,6 +225,7 @@ pub async fn start_with(
         state,
         xds,
         policy: source,
+        evidence: receivers,
         shutdown: tx,
         tasks,
     })

@@ -208,6 +208,7 @@ mod tests {
             max_body_bytes: 4096,
             xds_listen: Some("127.0.0.1:0".parse().expect("addr")),
             xds_gateway_file: Some(file.to_path_buf()),
+            evidence: Default::default(),
         }
     }
 

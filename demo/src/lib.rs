@@ -450,6 +450,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         max_body_bytes: halo_server::config::DEFAULT_MAX_BODY_BYTES,
         xds_listen: Some(opts.xds_listen),
         xds_gateway_file: None,
+        evidence: Default::default(),
     };
     let server = halo_server::server::start_with(
         &settings,

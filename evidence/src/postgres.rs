@@ -54,8 +54,9 @@ const INSERT: &str = "INSERT INTO evidence (time_ms, source, ring, release, expe
 
 /// The PostgreSQL evidence store.
 pub struct PgStore {
-    writer: Mutex<Client>,
-    reader: Mutex<Client>,
+    // `None` only once dropped (see the Drop impl).
+    writer: Mutex<Option<Client>>,
+    reader: Mutex<Option<Client>>,
 }
 
 impl PgStore {
@@ -65,8 +66,8 @@ impl PgStore {
         migrate(&mut writer)?;
         let reader = Client::connect(params, NoTls)?;
         Ok(PgStore {
-            writer: Mutex::new(writer),
-            reader: Mutex::new(reader),
+            writer: Mutex::new(Some(writer)),
+            reader: Mutex::new(Some(reader)),
         })
     }
 
@@ -75,13 +76,34 @@ impl PgStore {
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, StoreError> {
-        Ok(f(&mut *lock(&self.writer)?)?)
+        Ok(f(open(&mut lock(&self.writer)?)?)?)
     }
 }
 
-fn lock(m: &Mutex<Client>) -> Result<MutexGuard<'_, Client>, StoreError> {
+impl Drop for PgStore {
+    /// rust-postgres closes a connection by blocking on its own runtime, which panics on
+    /// a thread that drives an async runtime (halo-server drops its store on one): the
+    /// clients are closed on a plain thread of their own.
+    fn drop(&mut self) {
+        let clients = [
+            std::mem::replace(&mut self.writer, Mutex::new(None)),
+            std::mem::replace(&mut self.reader, Mutex::new(None)),
+        ];
+        let _ = std::thread::Builder::new()
+            .name("pg-close".into())
+            .spawn(move || drop(clients));
+    }
+}
+
+fn lock(m: &Mutex<Option<Client>>) -> Result<MutexGuard<'_, Option<Client>>, StoreError> {
     m.lock()
         .map_err(|_| StoreError::Poisoned("a postgres connection's lock"))
+}
+
+fn open<'a>(guard: &'a mut MutexGuard<'_, Option<Client>>) -> Result<&'a mut Client, StoreError> {
+    guard
+        .as_mut()
+        .ok_or(StoreError::Poisoned("a closed postgres connection"))
 }
 
 fn migrate(client: &mut Client) -> Result<(), StoreError> {
@@ -146,7 +168,8 @@ impl Store for PgStore {
         let cost = col!(|s| s.record.cost_usd);
         let complete = col!(|s| s.record.complete);
         let unit = col!(|s| s.record.unit.as_str());
-        let mut client = lock(&self.writer)?;
+        let mut guard = lock(&self.writer)?;
+        let client = open(&mut guard)?;
         let mut tx = client.transaction()?;
         let n = tx.execute(
             INSERT,
@@ -179,7 +202,8 @@ impl Store for PgStore {
     }
 
     fn samples(&self, q: &SampleQuery) -> Result<Vec<Sample>, StoreError> {
-        let mut client = lock(&self.reader)?;
+        let mut guard = lock(&self.reader)?;
+        let client = open(&mut guard)?;
         let window = "experiment = $1 AND time_ms >= $2 AND time_ms < $3";
         let rows = if let Some((column, fraction)) = q.metric.percentile() {
             let sql = format!(
@@ -219,7 +243,8 @@ impl Store for PgStore {
     }
 
     fn prune(&self, before_unix_ms: i64) -> Result<u64, StoreError> {
-        let mut client = lock(&self.writer)?;
+        let mut guard = lock(&self.writer)?;
+        let client = open(&mut guard)?;
         Ok(client.execute(
             "DELETE FROM evidence WHERE time_ms < $1",
             &[&before_unix_ms],
@@ -227,7 +252,8 @@ impl Store for PgStore {
     }
 
     fn count(&self) -> Result<u64, StoreError> {
-        let mut client = lock(&self.reader)?;
+        let mut guard = lock(&self.reader)?;
+        let client = open(&mut guard)?;
         let n: i64 = client
             .query_one("SELECT COUNT(*) FROM evidence", &[])?
             .get(0);

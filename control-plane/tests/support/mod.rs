@@ -77,6 +77,7 @@ impl Env {
             max_body_bytes: 4096,
             xds_listen: None,
             xds_gateway_file: None,
+            evidence: Default::default(),
         }
     }
 
