@@ -155,7 +155,6 @@ fn main() -> ExitCode {
         Command::Unkill(args) => killswitch::change(args, false),
         Command::Killswitch { command } => killswitch::run(command),
         Command::Auth { command } => auth::run(command),
-    },
         Command::Evidence { command } => evidence::run(command),
     };
     match result {
