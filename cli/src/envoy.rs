@@ -82,6 +82,15 @@ pub struct BootstrapArgs {
     /// secrets read once at start.
     #[arg(long, value_name = "DIR")]
     secrets_dir: Option<PathBuf>,
+    /// CA bundle (PEM, as Envoy sees it) that every https cluster (providers, JWKS, kill
+    /// list) verifies its server's certificate against, the URL's host being the name it
+    /// must carry. Default: the system bundle of this host (Debian, Ubuntu, Alpine and the
+    /// Envoy image: /etc/ssl/certs/ca-certificates.crt; RHEL, Fedora:
+    /// /etc/pki/tls/certs/ca-bundle.crt; else /etc/ssl/cert.pem). Give a private CA's
+    /// bundle (plus the public roots, if public providers are also used) for in-house
+    /// upstreams.
+    #[arg(long, value_name = "FILE")]
+    upstream_ca_file: Option<PathBuf>,
     /// Output file (written atomically), or - for standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: PathBuf,
@@ -211,7 +220,22 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
     warnings.extend(halo_envoy_config::bootstrap::credential_warnings(
         &snapshot, &settings,
     ));
+    let upstream_ca_file = match &args.upstream_ca_file {
+        Some(f) => f.display().to_string(),
+        None => match halo_envoy_config::tls::system_ca_bundle() {
+            Some(f) => f.to_string(),
+            None => {
+                let f = halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE;
+                warnings.push(format!(
+                    "no system CA bundle found on this host ({}): Envoy will verify upstreams against {f}; pass --upstream-ca-file if Envoy's host keeps it elsewhere",
+                    halo_envoy_config::tls::SYSTEM_CA_BUNDLES.join(", ")
+                ));
+                f.to_string()
+            }
+        },
+    };
     let opts = Standalone {
+        upstream_ca_file,
         listen_address,
         listen_port,
         admin_address,

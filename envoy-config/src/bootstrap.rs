@@ -11,16 +11,30 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use halo_policy::Snapshot;
 use halo_policy::cluster_names;
-use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
+use halo_policy::cluster_names::EndpointFacts;
 use serde_json::{Value, json};
 
 use crate::credentials::{
     self, AttemptTarget, Hosts, SecretDelivery, SettingsError, TargetCredential,
 };
 use crate::names;
+use crate::tls::UpstreamTls;
 
 /// Default request body bound of model calls (the filter's default too).
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+
+/// The listener's `per_connection_buffer_limit_bytes` for the filter `settings`: room for
+/// a whole model call plus 1 MiB, so the filter, which holds the body to decide, answers
+/// its JSON 413 `request_too_large` above `maxBodyBytes` before Envoy's own (plain-text)
+/// limit is reached. Envoy's default (1 MiB) refused long conversations. The router's
+/// retry buffer takes the same limit, so a large body can still fail over.
+pub fn listener_buffer_limit(settings: &Value) -> u32 {
+    let max_body = settings
+        .get("maxBodyBytes")
+        .and_then(Value::as_u64)
+        .unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    u32::try_from(max_body.saturating_add(1024 * 1024)).unwrap_or(u32::MAX)
+}
 
 /// What the standalone bootstrap is rendered from, besides the snapshot.
 #[derive(Debug, Clone)]
@@ -45,6 +59,9 @@ pub struct Standalone {
     /// ([`standalone_secret_files`] gives their contents): a rotated key file is then used
     /// without a restart. `None`: static secrets, read once when Envoy starts.
     pub secrets_dir: Option<String>,
+    /// The CA bundle every https cluster verifies its server against (PEM, as Envoy sees
+    /// it): the system's ([`crate::tls::system_ca_bundle`]) or a private CA's.
+    pub upstream_ca_file: String,
 }
 
 /// Why a bootstrap cannot be rendered.
@@ -67,58 +84,40 @@ pub struct Endpoint {
     pub path: String,
 }
 
-/// Parse `url` (http or https, host, optional port and path).
+/// Parse `url` (http or https, any case; host, optional port and path) with the
+/// workspace's one URL parser, [`halo_policy::validate::parse_http_url`]; user info is
+/// refused (Envoy would send it nowhere).
 pub fn endpoint(what: &str, url: &str) -> Result<Endpoint, RenderError> {
     let bad = || RenderError::BadUrl {
         what: what.to_string(),
         url: url.to_string(),
     };
-    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
-    let tls = match scheme {
-        "https" => true,
-        "http" => false,
-        _ => return Err(bad()),
-    };
-    let (authority, path) = match rest.find(['/', '?']) {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (h, p) = v6.split_once(']').ok_or_else(bad)?;
-        (h.to_string(), p.strip_prefix(':'))
-    } else {
-        match authority.split_once(':') {
-            Some((h, p)) => (h.to_string(), Some(p)),
-            None => (authority.to_string(), None),
-        }
-    };
-    if host.is_empty() || host.contains('@') {
+    let u = halo_policy::validate::parse_http_url(url).map_err(|_| bad())?;
+    if u.userinfo {
         return Err(bad());
     }
-    let port = match port {
-        Some(p) => p.parse().map_err(|_| bad())?,
-        None if tls => 443,
-        None => 80,
-    };
     Ok(Endpoint {
-        tls,
-        host,
-        port,
-        path: if path.is_empty() {
+        tls: u.https,
+        host: u.host.to_string(),
+        port: u.port_or_default(),
+        path: if u.path.is_empty() {
             "/".to_string()
         } else {
-            path.to_string()
+            u.path.to_string()
         },
     })
 }
 
-/// A one-endpoint cluster for `ep`: DNS-resolved unless the host is an IP literal, TLS
-/// with SNI for https.
-pub fn cluster(name: &str, ep: &Endpoint) -> Value {
+/// A one-endpoint cluster for `ep`: DNS-resolved unless the host is an IP literal; for
+/// https, TLS verified against `trusted_ca` with the host as SAN (and SNI), see
+/// [`crate::tls`].
+pub fn cluster(name: &str, ep: &Endpoint, trusted_ca: &str) -> Value {
     let is_ip = ep.host.parse::<std::net::IpAddr>().is_ok();
     let mut c = json!({
         "name": name,
-        "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
+        // One endpoint per cluster: LOGICAL_DNS keeps connections across DNS answers
+        // (a provider's many addresses) instead of draining them on each change.
+        "type": if is_ip { "STATIC" } else { "LOGICAL_DNS" },
         "connect_timeout": "10s",
         "load_assignment": {
             "cluster_name": name,
@@ -132,13 +131,7 @@ pub fn cluster(name: &str, ep: &Endpoint) -> Value {
         c["dns_lookup_family"] = json!("V4_PREFERRED");
     }
     if ep.tls {
-        c["transport_socket"] = json!({
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": ep.host,
-            },
-        });
+        c["transport_socket"] = UpstreamTls::for_host(&ep.host, trusted_ca).transport_socket();
     }
     c
 }
@@ -215,13 +208,22 @@ pub fn target_metadata(
         project: upstream.and_then(|u| u.project.clone()),
         api_version: upstream.and_then(|u| u.api_version.clone()),
     };
-    md.push((ENDPOINT_FACTS_KEY, facts.encode()));
+    md.push((names::ENDPOINT_FACTS_KEY, facts.encode()));
     md.sort();
     md
 }
 
-/// Failover settings of the model clusters and route; the defaults are the xDS
-/// translator's (`halo_xds::GatewaySettings`), so both modes walk targets the same way.
+/// What moves an attempt to the next target (spec: a connect error, a 5xx or a 429).
+/// Envoy never retries once response headers went downstream, so a stream that failed
+/// mid-body is not retried (invariant 4).
+pub const RETRY_ON: &str = "5xx,connect-failure,retriable-status-codes";
+
+/// The status codes besides 5xx that [`RETRY_ON`] retries.
+pub const RETRIABLE_STATUS_CODES: [u32; 1] = [429];
+
+/// Failover settings of the model clusters and route. The defaults are written here only;
+/// the xDS translator's `GatewaySettings` takes them, so both modes walk targets the same
+/// way.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failover {
     /// Attempts per request, the first included.
@@ -258,11 +260,13 @@ pub fn model_clusters(
     attempt_stage: Option<&str>,
     hosts: &Hosts,
     delivery: SecretDelivery<'_>,
+    trusted_ca: &str,
 ) -> Result<ModelClusters, RenderError> {
     let mut out = ModelClusters::default();
     let headers = hosts.rendered_headers(|u| snap.upstreams.contains_key(u))?;
     let mut creds: BTreeMap<String, AttemptTarget> = BTreeMap::new();
     let mut targets: BTreeMap<String, Value> = BTreeMap::new();
+    let mut timeouts: BTreeMap<String, u32> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, Value> = BTreeMap::new();
     for (scope, routes) in cluster_names::scoped_routes(snap) {
         for (alias, route) in routes {
@@ -277,7 +281,10 @@ pub fn model_clusters(
                     .map(|u| u.url.as_str())
                     .unwrap_or_default();
                 let ep = endpoint(&format!("upstream {}", t.upstream), url)?;
-                let mut c = cluster(&name, &ep);
+                if let Some(secs) = t.timeout_seconds {
+                    timeouts.insert(name.clone(), secs);
+                }
+                let mut c = cluster(&name, &ep, trusted_ca);
                 c["connect_timeout"] = json!(format!(
                     "{}s",
                     t.timeout_seconds
@@ -300,7 +307,7 @@ pub fn model_clusters(
                 .map(|(k, v)| (k.to_string(), Value::String(v)))
                 .collect();
                 c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] =
-                    json!({"filter_metadata": {"halo": halo}});
+                    json!({"filter_metadata": {names::METADATA_NAMESPACE: halo}});
                 let (cred, warning) = match snap.upstreams.get(&t.upstream) {
                     Some(u) => credentials::target_credential(&t.upstream, u, hosts),
                     None => (TargetCredential::None, None),
@@ -324,6 +331,9 @@ pub fn model_clusters(
             for (name, _first_pick, clusters) in
                 cluster_names::route_aggregates(snap, scope, alias, route)
             {
+                if let Some(secs) = clusters.first().and_then(|c| timeouts.get(c)) {
+                    out.header_timeouts.insert(name.clone(), *secs);
+                }
                 let mut aggregate = json!({
                     "name": name,
                     "connect_timeout": "5s",
@@ -369,6 +379,58 @@ pub struct ModelClusters {
     pub secrets: Vec<Value>,
     /// Credentials the policy configures that are not used, and why.
     pub warnings: Vec<String>,
+    /// Per aggregate whose first pick has `timeoutSeconds`, that value: its route bounds
+    /// each attempt's wait for response headers ([`model_routes`]).
+    pub header_timeouts: BTreeMap<String, u32>,
+}
+
+/// The model routes, in order: one per aggregate in `header_timeouts` (matched on its name
+/// in the route header) whose retry policy has that `per_try_timeout`, then the route for
+/// every other aggregate (`cluster_header`). A target's `timeoutSeconds` bounds connect
+/// (its cluster's `connect_timeout`) and the wait for response headers (this per-try
+/// timeout): a primary that accepts and hangs is retried on the next target. Envoy ignores
+/// a per-try timeout once the response has started downstream, so a started stream is never
+/// cut by it (seen in Envoy 1.40, `tests/tests/timeouts.rs`). The per-try timeout is the
+/// first pick's and applies to every attempt of the request: Envoy takes it per route,
+/// not per upstream.
+pub fn model_routes(failover: &Failover, header_timeouts: &BTreeMap<String, u32>) -> Vec<Value> {
+    let route = |matcher: Value, target: (&str, &str), per_try: Option<u32>| {
+        let mut retry = retry_policy(failover);
+        if let Some(secs) = per_try {
+            retry["per_try_timeout"] = json!(format!("{secs}s"));
+        }
+        json!({
+            "match": matcher,
+            "route": {
+                target.0: target.1,
+                // Streams have no total limit; idleness ends them.
+                "timeout": "0s",
+                "idle_timeout": format!("{STREAM_IDLE_TIMEOUT_SECONDS}s"),
+                "auto_host_rewrite": true,
+                "retry_policy": retry,
+            },
+            "request_headers_to_remove": [names::ROUTE_HEADER],
+        })
+    };
+    let mut routes: Vec<Value> = header_timeouts
+        .iter()
+        .map(|(aggregate, secs)| {
+            route(
+                json!({"prefix": "/", "headers": [{
+                    "name": names::ROUTE_HEADER,
+                    "string_match": {"exact": aggregate},
+                }]}),
+                ("cluster", aggregate),
+                Some(*secs),
+            )
+        })
+        .collect();
+    routes.push(route(
+        json!({"prefix": "/"}),
+        ("cluster_header", names::ROUTE_HEADER),
+        None,
+    ));
+    routes
 }
 
 /// The retry policy of the model route: the xDS translator's (move on after a connect
@@ -376,8 +438,8 @@ pub struct ModelClusters {
 /// never retries once response headers went downstream.
 pub fn retry_policy(failover: &Failover) -> Value {
     json!({
-        "retry_on": "5xx,connect-failure,retriable-status-codes",
-        "retriable_status_codes": [429],
+        "retry_on": RETRY_ON,
+        "retriable_status_codes": RETRIABLE_STATUS_CODES,
         "num_retries": failover.max_attempts.saturating_sub(1),
         "retry_priority": {
             "name": "envoy.retry_priorities.previous_priorities",
@@ -537,8 +599,7 @@ fn wasm_plugin(name: &str, wasm_path: &str, configuration: &str) -> Value {
     })
 }
 
-/// The per-attempt stage's plugin configuration.
-pub const ATTEMPT_STAGE_CONFIGURATION: &str = r#"{"stage":"attempt"}"#;
+pub use crate::names::ATTEMPT_STAGE_CONFIGURATION;
 
 /// An aggregate cluster's `typed_extension_protocol_options`: upstream HTTP filters, the
 /// per-attempt stage then, when a target has a credential, the credential chain
@@ -559,6 +620,44 @@ pub fn attempt_protocol_options(
                 targets,
                 delivery,
             ),
+        },
+    })
+}
+
+/// How long a stream may carry no byte either way before Envoy resets it, in both modes.
+/// Streams have no total time limit (route timeout 0): a model answer streams for as long
+/// as it takes, and providers send keep-alive events (Anthropic's `ping`) far more often.
+/// Without it a provider that accepts and then hangs would hold the client forever.
+pub const STREAM_IDLE_TIMEOUT_SECONDS: u32 = 300;
+
+/// The access log of the model listener, both modes: one JSON line per request on Envoy's
+/// standard output. What was decided and how it went: the time, the ring, the experiment
+/// and variant, the aggregate cluster (`<alias>-<first pick>`, prefixed by the experiment
+/// or toggle scope; see [`halo_policy::cluster_names`]), the upstream address of the last
+/// attempt, the status and Envoy's response flags, the attempts, the total duration and the
+/// time to the response's first byte (ms). Never a body, a header value other than the
+/// filter's own stamps, a query string, the path, or a user id (invariant 6): the filter's
+/// `x-halo-user` stamp is not among the fields.
+pub fn access_log() -> Value {
+    json!({
+        "name": "envoy.access_loggers.stdout",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+            "log_format": {"json_format": {
+                "time": "%START_TIME%",
+                "log": "halo.request",
+                "ring": "%REQ(x-halo-ring)%",
+                "experiment": "%REQ(x-halo-experiment)%",
+                "variant": "%REQ(x-halo-variant)%",
+                "route": "%UPSTREAM_CLUSTER%",
+                "upstream": "%UPSTREAM_HOST%",
+                "method": "%REQ(:METHOD)%",
+                "status": "%RESPONSE_CODE%",
+                "flags": "%RESPONSE_FLAGS%",
+                "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+                "durationMs": "%DURATION%",
+                "firstByteMs": "%RESPONSE_DURATION%",
+            }},
         },
     })
 }
@@ -596,11 +695,22 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         Some(dir) => SecretDelivery::Files { dir },
         None => SecretDelivery::Static,
     };
-    let model = model_clusters(snap, &failover, Some(&opts.wasm_path), &hosts, delivery)?;
+    let model = model_clusters(
+        snap,
+        &failover,
+        Some(&opts.wasm_path),
+        &hosts,
+        delivery,
+        &opts.upstream_ca_file,
+    )?;
     let mut clusters = model.clusters;
     if let Some(url) = &opts.killswitch_url {
         let ep = endpoint("killswitch URL", url)?;
-        clusters.push(cluster(names::KILLSWITCH_CLUSTER, &ep));
+        clusters.push(cluster(
+            names::KILLSWITCH_CLUSTER,
+            &ep,
+            &opts.upstream_ca_file,
+        ));
         let ks = settings
             .as_object_mut()
             .map(|m| m.entry("killSwitch").or_insert_with(|| json!({})));
@@ -609,10 +719,6 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             ks.insert("url".into(), json!(url));
         }
     }
-    let max_body = settings
-        .get("maxBodyBytes")
-        .and_then(Value::as_u64)
-        .unwrap_or(DEFAULT_MAX_BODY_BYTES);
 
     let mut http_filters = Vec::new();
     if let Some(identity) = snap.identity.as_ref().filter(|i| !i.issuer.is_empty()) {
@@ -624,7 +730,7 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             ),
         };
         let ep = endpoint("JWKS URI", &jwks)?;
-        clusters.push(cluster(names::JWKS_CLUSTER, &ep));
+        clusters.push(cluster(names::JWKS_CLUSTER, &ep, &opts.upstream_ca_file));
         http_filters.extend(jwt_authn(snap, &jwks, &opts.wasm_path));
     }
     http_filters.push(halo_filter(&opts.wasm_path, snap, &settings));
@@ -639,23 +745,14 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "halo",
             "codec_type": "AUTO",
-            // Model responses stream for minutes: no stream idle cut-off from Envoy.
-            "stream_idle_timeout": "0s",
+            "stream_idle_timeout": format!("{STREAM_IDLE_TIMEOUT_SECONDS}s"),
+            "access_log": [access_log()],
             "route_config": {
                 "name": "halo",
                 "virtual_hosts": [{
                     "name": "halo",
                     "domains": ["*"],
-                    "routes": [{
-                        "match": {"prefix": "/"},
-                        "route": {
-                            "cluster_header": names::ROUTE_HEADER,
-                            "timeout": "0s",
-                            "auto_host_rewrite": true,
-                            "retry_policy": retry_policy(&failover),
-                        },
-                        "request_headers_to_remove": [names::ROUTE_HEADER],
-                    }],
+                    "routes": model_routes(&failover, &model.header_timeouts),
                 }],
             },
             "http_filters": http_filters,
@@ -670,8 +767,7 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
             "listeners": [{
                 "name": "halo",
                 "address": {"socket_address": {"address": opts.listen_address, "port_value": opts.listen_port}},
-                // Room for a whole model call (the filter answers 413 above maxBodyBytes).
-                "per_connection_buffer_limit_bytes": max_body + 1024 * 1024,
+                "per_connection_buffer_limit_bytes": listener_buffer_limit(&settings),
                 "filter_chains": [{"filters": [hcm]}],
             }],
             "clusters": clusters,
@@ -701,6 +797,7 @@ pub fn standalone_secret_files(
         Some(&opts.wasm_path),
         &hosts,
         SecretDelivery::Files { dir },
+        &opts.upstream_ca_file,
     )?;
     Ok(model
         .secrets
@@ -720,6 +817,7 @@ pub fn credential_warnings(snap: &Snapshot, settings: &Value) -> Vec<String> {
         None,
         &hosts,
         SecretDelivery::Static,
+        crate::tls::DEFAULT_UPSTREAM_CA_FILE,
     )
     .map(|m| m.warnings)
     .unwrap_or_default()
@@ -820,5 +918,14 @@ mod tests {
         );
         assert!(endpoint("x", "ftp://h").is_err());
         assert!(endpoint("x", "http://:80").is_err());
+        assert!(endpoint("x", "https://user@h").is_err());
+        // The scheme is case-insensitive, as policy validation takes it.
+        let e = endpoint("x", "HTTPS://API.example:8443?q=1").unwrap();
+        assert_eq!(
+            (e.tls, e.host.as_str(), e.port, e.path.as_str()),
+            (true, "API.example", 8443, "?q=1")
+        );
+        let e = endpoint("x", "http://[::1]:9/v1").unwrap();
+        assert_eq!((e.host.as_str(), e.port), ("::1", 9));
     }
 }

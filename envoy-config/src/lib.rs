@@ -10,9 +10,11 @@
 //!   Envoy's `cluster_header` route).
 //! - [`bootstrap`]: the standalone (static resources) bootstrap.
 //! - [`credentials`]: the per-attempt credential chain (SigV4, keys) after the stage.
+//! - [`tls`]: upstream TLS verification (CA bundle, SAN, SNI) of every https cluster.
 //! - [`yaml`]: a small deterministic YAML printer for JSON values.
 
 pub mod bootstrap;
 pub mod credentials;
 pub mod names;
+pub mod tls;
 pub mod yaml;

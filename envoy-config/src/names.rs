@@ -1,4 +1,6 @@
-//! The route header and the fixed cluster and metadata names of the gateway's Envoy.
+//! The data-plane contract: the route header and the fixed cluster, metadata and
+//! configuration names the filter, both emitters (standalone bootstrap, xDS) and the tests
+//! share. Nothing here is written as a literal anywhere else.
 //!
 //! The filter decides the target and writes the name of the Envoy cluster to send it to
 //! in [`ROUTE_HEADER`]; the one model route uses `cluster_header: x-halo-route`, and Envoy
@@ -18,6 +20,18 @@ pub const KILLSWITCH_CLUSTER: &str = "halo-killswitch";
 
 /// The identity provider's JWKS cluster.
 pub const JWKS_CLUSTER: &str = "halo-jwks";
+
+/// The endpoint metadata namespace (`filter_metadata.halo`) of every target's facts; the
+/// per-attempt stage reads [`ENDPOINT_FACTS_KEY`] there.
+pub const METADATA_NAMESPACE: &str = "halo";
+
+/// The key of a target's [`halo_policy::cluster_names::EndpointFacts`] in
+/// [`METADATA_NAMESPACE`].
+pub use halo_policy::cluster_names::ENDPOINT_FACTS_KEY;
+
+/// The filter configuration that makes the module the per-attempt stage (an upstream
+/// HTTP filter on every aggregate cluster) instead of the request filter.
+pub const ATTEMPT_STAGE_CONFIGURATION: &str = r#"{"stage":"attempt"}"#;
 
 /// jwt_authn's `payload_in_metadata` key: the filter reads verified claims under it.
 pub const JWT_PAYLOAD_KEY: &str = "halo_jwt";

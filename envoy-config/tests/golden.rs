@@ -31,6 +31,7 @@ pub fn golden_options() -> Standalone {
         }}),
         killswitch_url: Some("https://halo-server.acme.internal/api/v1/gateway/killswitch".into()),
         secrets_dir: None,
+        upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
     }
 }
 
@@ -100,10 +101,47 @@ fn every_routed_upstream_has_a_cluster_and_jwt_authn_names_the_policy_identity()
     assert_eq!(provider["payload_in_metadata"], "halo_jwt");
     let gemini = &filters[0]["typed_config"]["providers"]["halo_gemini"];
     assert_eq!(gemini["from_params"], json!(["key"]));
+    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .expect("routes");
+    // Last, every aggregate by the filter's header; before it, one route per aggregate
+    // whose first pick has timeoutSeconds (opus: bedrock-use1, 30 s).
     assert_eq!(
-        hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["cluster_header"],
+        routes.last().expect("a route")["route"]["cluster_header"],
         "x-halo-route"
     );
+    let opus = routes
+        .iter()
+        .find(|r| r["route"]["cluster"] == "opus-0")
+        .expect("opus-0 has a route of its own");
+    assert_eq!(opus["route"]["retry_policy"]["per_try_timeout"], "30s");
+    assert_eq!(
+        opus["match"]["headers"][0],
+        json!({"name": "x-halo-route", "string_match": {"exact": "opus-0"}})
+    );
+    // Every https cluster verifies its server: CA bundle and the host as SAN.
+    let all = doc["static_resources"]["clusters"]
+        .as_array()
+        .expect("clusters");
+    let https: Vec<&serde_json::Value> = all
+        .iter()
+        .filter(|c| c.get("transport_socket").is_some())
+        .collect();
+    assert!(https.len() >= 3, "providers, JWKS and kill list are https");
+    for c in https {
+        let vc = &c["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"];
+        assert_eq!(
+            vc["trusted_ca"]["filename"],
+            halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE,
+            "{c}"
+        );
+        let host = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["hostname"];
+        assert_eq!(
+            vc["match_typed_subject_alt_names"][0]["matcher"]["exact"], *host,
+            "{c}"
+        );
+        assert_eq!(c["transport_socket"]["typed_config"]["sni"], *host, "{c}");
+    }
     let wasm = &filters[1]["typed_config"]["config"];
     assert_eq!(wasm["fail_open"], false);
     assert_eq!(wasm["allow_on_headers_stop_iteration"], true);

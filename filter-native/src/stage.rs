@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_filter::attempt::{self, ATTEMPT_PROPERTY, Note, Work};
-use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
+use halo_policy::cluster_names::EndpointFacts;
 use halo_providers::ResponseConversion;
 use halo_providers::eventstream::EventStreamToSse;
 
@@ -47,7 +48,7 @@ impl Stage {
         let Some(value) = s.filter_state(ATTEMPT_PROPERTY) else {
             return Next::Continue;
         };
-        let facts = s.host_metadata_string("halo", ENDPOINT_FACTS_KEY);
+        let facts = s.host_metadata_string(METADATA_NAMESPACE, ENDPOINT_FACTS_KEY);
         // The first pick's attempt, as the request filter left it: nothing to do, and
         // nothing to decode.
         let path = s.request_header(":path");

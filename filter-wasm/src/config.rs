@@ -431,7 +431,7 @@ fn kill_switch_settings(
         return Err(field("token", "the gateway token is required".into()));
     }
     let url = parse_url(&raw.url).map_err(|m| field("url", m))?;
-    if url.scheme == "http" && !is_loopback_host(&url.host) && !raw.allow_insecure_in_cluster {
+    if !url.https && !is_loopback_host(&url.host) && !raw.allow_insecure_in_cluster {
         return Err(field(
             "url",
             format!(
@@ -456,36 +456,30 @@ fn kill_switch_settings(
 }
 
 struct Url {
-    scheme: String,
+    https: bool,
     authority: String,
     host: String,
     path: String,
 }
 
+/// The kill-list URL, read by the workspace's one URL parser
+/// ([`halo_policy::validate::parse_http_url`]), so the filter takes what policy
+/// validation and the Envoy configuration emitters take.
 fn parse_url(text: &str) -> Result<Url, String> {
-    let (scheme, rest) = text
-        .split_once("://")
-        .ok_or_else(|| format!("{text:?} is not an http(s) URL"))?;
-    if scheme != "http" && scheme != "https" {
-        return Err(format!("scheme {scheme:?} is not http or https"));
-    }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    if authority.is_empty() || authority.contains('@') {
+    let u = halo_policy::validate::parse_http_url(text)
+        .map_err(|why| format!("{text:?} is not an http(s) URL: it {why}"))?;
+    if u.userinfo {
         return Err("the URL needs a host (and no user info)".into());
     }
-    let host = if let Some(v6) = authority.strip_prefix('[') {
-        v6.split(']').next().unwrap_or_default().to_string()
-    } else {
-        authority.split(':').next().unwrap_or_default().to_string()
-    };
     Ok(Url {
-        scheme: scheme.to_string(),
-        authority: authority.to_string(),
-        host,
-        path: path.to_string(),
+        https: u.https,
+        authority: u.authority.to_string(),
+        host: u.host.to_string(),
+        path: if u.path.is_empty() {
+            "/".to_string()
+        } else {
+            u.path.to_string()
+        },
     })
 }
 

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_policy::Snapshot;
 use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
-use halo_policy::cluster_names::{ENDPOINT_FACTS_KEY, EndpointFacts};
+use halo_policy::cluster_names::EndpointFacts;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType};
@@ -569,7 +570,7 @@ impl HttpContext for Attempt {
             "xds",
             "upstream_host_metadata",
             "filter_metadata",
-            "halo",
+            METADATA_NAMESPACE,
             ENDPOINT_FACTS_KEY,
         ]);
         // The first pick's attempt, as the request filter left it: nothing to do, and

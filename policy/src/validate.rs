@@ -148,17 +148,34 @@ pub fn is_release_digest(s: &str) -> bool {
     })
 }
 
-/// The parts of an http(s) URL that validation cares about.
+/// The parts of an http(s) URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HttpUrl<'a> {
     pub https: bool,
+    /// The host, IPv6 brackets removed.
     pub host: &'a str,
+    /// The port as written; `None` for the scheme's default.
+    pub port: Option<u16>,
+    /// `host[:port]` as written (brackets kept): the Host header's value.
+    pub authority: &'a str,
+    /// Path and query as written, from the first `/` or `?` (empty when there is none).
+    pub path: &'a str,
     /// The URL carries `user[:password]@`.
     pub userinfo: bool,
 }
 
-/// Parses an absolute http or https URL with a host (and optional port, path, query).
-/// The error says what is wrong, without repeating the URL.
+impl HttpUrl<'_> {
+    /// The port, or the scheme's default (443, 80).
+    pub fn port_or_default(&self) -> u16 {
+        self.port.unwrap_or(if self.https { 443 } else { 80 })
+    }
+}
+
+/// Parses an absolute http or https URL with a host (and optional port, path, query); the
+/// scheme is case-insensitive (RFC 3986). The workspace's one URL parser: policy
+/// validation, both Envoy configuration emitters and the filter's kill-list URL call it,
+/// so a URL one accepts the others accept too. The error says what is wrong, without
+/// repeating the URL.
 pub fn parse_http_url(s: &str) -> Result<HttpUrl<'_>, &'static str> {
     if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("must not contain spaces or control characters");
@@ -174,6 +191,10 @@ pub fn parse_http_url(s: &str) -> Result<HttpUrl<'_>, &'static str> {
         return Err("must start with http:// or https://");
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let path = rest[authority.len()..]
+        .split('#')
+        .next()
+        .unwrap_or_default();
     let (userinfo, hostport) = match authority.rsplit_once('@') {
         Some((_, hp)) => (true, hp),
         None => (false, authority),
@@ -211,14 +232,21 @@ pub fn parse_http_url(s: &str) -> Result<HttpUrl<'_>, &'static str> {
     if !host_ok {
         return Err("has a malformed host");
     }
-    if let Some(port) = port
-        && !port.parse::<u16>().is_ok_and(|p| p > 0)
-    {
-        return Err("has a malformed port");
-    }
+    let port = match port {
+        None => None,
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or("has a malformed port")?,
+        ),
+    };
     Ok(HttpUrl {
         https,
         host,
+        port,
+        authority: hostport,
+        path,
         userinfo,
     })
 }

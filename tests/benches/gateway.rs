@@ -346,7 +346,7 @@ fn bare_bootstrap(port: u16, admin: u16, upstream: &str, baseline: Baseline) -> 
                     },
                 }]}],
             }],
-            "clusters": [halo_envoy_config::bootstrap::cluster("halo-upstream-prov-a", &ep)],
+            "clusters": [halo_envoy_config::bootstrap::cluster("halo-upstream-prov-a", &ep, halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE)],
         },
     });
     halo_envoy_config::yaml::to_yaml(&doc)

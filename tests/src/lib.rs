@@ -8,11 +8,15 @@
 //! - [`KillServer`]: halo-server's `GET /api/v1/gateway/killswitch`, serving envelopes
 //!   signed with halo-policy's `killswitch::sign`.
 //! - [`Gateway`]: a real Envoy from the standalone bootstrap (halo-envoy-config) with the
-//!   built filter module.
+//!   built filter module, or in xDS mode ([`xds::gateway`]) from envoy/ads.yaml and
+//!   halo-xds.
+//! - [`tls::TestCa`]: https fronts for the fakes, with certificates from a CA of the test.
 //! - [`bedrock::FakeBedrock`]: a Bedrock runtime that recomputes every SigV4 signature with
 //!   `aws-sigv4` and refuses mismatches.
 
 pub mod bedrock;
+pub mod tls;
+pub mod xds;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -194,6 +198,8 @@ impl Provider {
         });
         let router = axum::Router::new()
             .fallback(provider_handler)
+            // Real providers take whole long conversations: no 2 MB cap of axum's.
+            .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(state.clone());
         let addr = serve(router).await;
         Provider {
@@ -217,6 +223,14 @@ impl Provider {
         let p = Provider::start(name).await;
         *p.state.behaviour.lock().expect("behaviour lock") = behaviour;
         p
+    }
+
+    /// The same provider reached at `url` (an https front for it, say).
+    pub fn at(&self, url: &str) -> Provider {
+        Provider {
+            url: url.to_string(),
+            ..self.clone()
+        }
     }
 
     /// Let a gated SSE stream send its last event.
@@ -344,6 +358,42 @@ async fn provider_handler(
     }
     let model = request["model"].clone();
     json_reply(json!({"provider": state.name, "path": path, "model": model, "type": "message"}))
+}
+
+/// A provider that accepts connections, reads what it is sent and never answers: what a
+/// hung upstream looks like to Envoy (connected, no response headers).
+pub struct Hang {
+    pub url: String,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Hang {
+    pub async fn start() -> Hang {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut sink = tokio::io::sink();
+                    let _ = tokio::io::copy(&mut conn, &mut sink).await;
+                });
+            }
+        });
+        Hang {
+            url: format!("http://{addr}"),
+            accepted,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -542,6 +592,10 @@ pub struct GatewayOptions {
     /// Provider keys through SDS files written here (the bootstrap's `secrets_dir`),
     /// instead of static secrets.
     pub secrets_dir: Option<std::path::PathBuf>,
+    /// The CA bundle upstream certificates are verified against; default the system's.
+    pub upstream_ca_file: Option<std::path::PathBuf>,
+    /// The JWKS URL (default: the issuer's `/.well-known/jwks.json`).
+    pub jwks_uri: Option<String>,
     /// Run Envoy (one worker) under callgrind, to count instructions per request.
     pub callgrind: bool,
 }
@@ -556,6 +610,8 @@ impl Default for GatewayOptions {
             jwt_payload_key: None,
             env: Vec::new(),
             secrets_dir: None,
+            upstream_ca_file: None,
+            jwks_uri: None,
             callgrind: false,
         }
     }
@@ -590,10 +646,14 @@ impl Gateway {
                 .unwrap_or_else(halo_testkit::filter_module)
                 .display()
                 .to_string(),
-            jwks_uri: None,
+            jwks_uri: opts.jwks_uri,
             settings: opts.settings,
             killswitch_url: opts.killswitch_url,
             secrets_dir: opts.secrets_dir.as_ref().map(|d| d.display().to_string()),
+            upstream_ca_file: opts.upstream_ca_file.map_or_else(
+                || halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.to_string(),
+                |f| f.display().to_string(),
+            ),
         };
         if let Some(dir) = &opts.secrets_dir {
             for (name, text) in

@@ -64,6 +64,7 @@ async fn a_bad_filter_configuration_refuses_to_start_naming_the_field() {
         settings: serde_json::json!({"identity": {"trustedProxyCIDRs": ["10.0.0.0/33"]}}),
         killswitch_url: None,
         secrets_dir: None,
+        upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
     };
     let doc = halo_envoy_config::bootstrap::standalone(&snap, &opts).expect("render");
     let dir = tempfile_dir();

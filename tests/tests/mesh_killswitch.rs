@@ -121,6 +121,7 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
     let cluster = halo_envoy_config::bootstrap::cluster(
         &cluster_name,
         &halo_envoy_config::bootstrap::endpoint("kill-list server", &kill.url).expect("url"),
+        halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE,
     );
     kill_reaches_routing(
         &snap,
@@ -157,6 +158,7 @@ async fn kill_reaches_routing(
         settings: json!({}),
         killswitch_url: None,
         secrets_dir: None,
+        upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
     };
     let mut doc = halo_envoy_config::bootstrap::standalone(snap, &boot).expect("bootstrap");
     set_payload_key(&mut doc, payload_key);

@@ -168,6 +168,7 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
             settings: settings.clone(),
             killswitch_url: None,
             secrets_dir: None,
+            upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
         },
     )
     .expect("renders")

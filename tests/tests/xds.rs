@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use halo_e2e::{Gateway, Issuer, Providers, bearer, client_builder, test_snapshot};
-use halo_testkit::envoy::Envoy;
-use halo_testkit::{free_port, workspace_root};
+use halo_e2e::{Gateway, Issuer, Providers, bearer, test_snapshot};
+use halo_testkit::free_port;
 use halo_xds::{GatewaySettings, NodeKey, SnapshotCache, snapshot_of};
 use serde_json::{Value, json};
 
@@ -14,68 +13,25 @@ fn msg(model: &str) -> Value {
     json!({"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
 }
 
-/// envoy/ads.yaml with this test's node id and ports.
-fn bootstrap(node: &str, ads_port: u16, admin_port: u16) -> String {
-    let yaml =
-        std::fs::read_to_string(workspace_root().join("envoy/ads.yaml")).expect("envoy/ads.yaml");
-    yaml.replace("id: halo-gateway", &format!("id: {node}"))
-        .replace("port_value: 18000", &format!("port_value: {ads_port}"))
-        .replace("port_value: 9901", &format!("port_value: {admin_port}"))
-}
-
 fn settings(port: u16) -> GatewaySettings {
-    GatewaySettings {
-        listen_address: "127.0.0.1".into(),
-        listen_port: port,
-        wasm_path: halo_testkit::filter_module().display().to_string(),
-        // The fake providers listen on loopback: let them receive the gateway's keys.
-        upstream_hosts: vec!["127.0.0.1".into()],
-        ..GatewaySettings::default()
-    }
+    halo_e2e::xds::settings(port)
 }
 
 /// The variable holding prov-b's key in Envoy's environment (see the credential test).
 const PROV_B_KEY_ENV: &str = "HALO_TEST_PROV_B_KEY";
 const PROV_B_KEY: &str = "sk-prov-b-gateway-own";
 
-/// Start the ADS server on a free port serving `cache`, and an Envoy from ads.yaml.
-async fn start(cache: &SnapshotCache, node: &str) -> Envoy {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind ADS");
-    let ads_port = listener.local_addr().expect("addr").port();
-    tokio::spawn(halo_xds::serve(listener, cache.clone()));
-    let admin = free_port();
-    tokio::task::block_in_place(|| {
-        Envoy::start_with_env(
-            &bootstrap(node, ads_port, admin),
-            admin,
-            &[(PROV_B_KEY_ENV, Some(PROV_B_KEY))],
-        )
-    })
-}
-
 /// An Envoy from ads.yaml as node `node`, served `snap` by a fresh cache (returned, for
 /// policy changes), listening on a free port.
 async fn gateway(snap: &halo_policy::Snapshot, node: &str) -> (SnapshotCache, Gateway) {
-    let port = free_port();
-    let cache = SnapshotCache::new();
-    cache.set(
-        NodeKey::Default,
-        snapshot_of(snap, &settings(port)).expect("translate"),
-    );
-    let envoy = start(&cache, node).await;
-    let gw = Gateway {
-        envoy,
-        port,
-        base: format!("http://127.0.0.1:{port}"),
-        snapshot: snap.clone(),
-        client: client_builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client"),
-    };
-    (cache, gw)
+    let (ads, gw) = halo_e2e::xds::gateway(
+        snap,
+        &settings(free_port()),
+        node,
+        &[(PROV_B_KEY_ENV, Some(PROV_B_KEY))],
+    )
+    .await;
+    (ads.cache.clone(), gw)
 }
 
 /// POST until the answer satisfies `done` (bounded).

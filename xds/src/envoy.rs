@@ -1,5 +1,6 @@
 //! A [`Plan`] as Envoy resources, one to one. Nothing is decided here.
 
+use envoy_types::pb::envoy::config::accesslog::v3::{AccessLog, access_log};
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, OutlierDetection,
     cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, DnsLookupFamily, LbPolicy},
@@ -18,7 +19,8 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
 use envoy_types::pb::envoy::config::route::v3::RetryPolicy;
 use envoy_types::pb::envoy::config::route::v3::{
-    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, retry_policy, route::Action,
+    HeaderMatcher, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+    header_matcher::HeaderMatchSpecifier, retry_policy, route::Action,
     route_action::ClusterSpecifier, route_action::HostRewriteSpecifier, route_match::PathSpecifier,
 };
 use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig;
@@ -47,12 +49,12 @@ use envoy_types::pb::google::protobuf::{
 use prost::{Message, Name};
 
 use halo_envoy_config::credentials::{self, AttemptTarget, SecretDelivery, TargetCredential};
+use halo_envoy_config::tls::{San, UpstreamTls};
 
 use crate::cache::Resource;
 use crate::translate::{AggregatePlan, ListenerPlan, Plan, RoutePlan, ServicePlan, TargetPlan};
 
-/// Endpoint metadata namespace carrying a target's upstream, kind and model id.
-pub const METADATA_NAMESPACE: &str = "halo";
+use halo_envoy_config::names::METADATA_NAMESPACE;
 
 fn any<T: Message + Name>(m: &T) -> Any {
     Any {
@@ -94,14 +96,14 @@ fn socket(host: &str, port: u16) -> Address {
 
 /// Every resource of `plan`: clusters (targets, then aggregates), the listener, the route
 /// configuration.
-pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
+pub fn resources(plan: &Plan) -> Vec<Resource> {
     let mut out = Vec::new();
     for t in &plan.targets {
         out.push(Resource {
             name: t.name.clone(),
             body: Any {
                 type_url: Cluster::type_url(),
-                value: target_cluster_bytes(t, upstream_ca_file),
+                value: target_cluster_bytes(t),
             },
         });
     }
@@ -126,11 +128,13 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
     for s in &plan.secrets {
         out.push(secret_resource(s));
     }
-    if let Some(j) = &plan.listener.jwks {
-        out.push(Resource::new(
-            &j.cluster,
-            &jwks_cluster(j, upstream_ca_file),
-        ));
+    // The JWKS cluster jwt_authn fetches keys through, and the kill-list cluster the
+    // filter's poll (the fallback to the pushed kill list) goes through.
+    for s in [&plan.listener.jwks, &plan.listener.killswitch]
+        .into_iter()
+        .flatten()
+    {
+        out.push(Resource::new(&s.cluster, &service_cluster(s)));
     }
     out.push(Resource::new(
         &plan.listener.name,
@@ -149,7 +153,7 @@ pub fn resources(plan: &Plan, upstream_ca_file: &str) -> Vec<Resource> {
 /// Struct) in a HashMap, whose order changes from one build of the value to the next,
 /// and the cache versions a type by the digest of its bytes. So the metadata is written
 /// with sorted keys and spliced in; protobuf allows fields in any order.
-pub fn target_cluster_bytes(t: &TargetPlan, upstream_ca_file: &str) -> Vec<u8> {
+pub fn target_cluster_bytes(t: &TargetPlan) -> Vec<u8> {
     let mut st = Vec::new();
     // Sorted by key already (halo-envoy-config's target_metadata).
     for (k, v) in &t.metadata {
@@ -182,7 +186,7 @@ pub fn target_cluster_bytes(t: &TargetPlan, upstream_ca_file: &str) -> Vec<u8> {
     }
     .encode_to_vec();
     len_delimited(2, &locality, &mut assignment); // ClusterLoadAssignment.endpoints
-    let mut cluster = target_cluster_without_endpoint(t, upstream_ca_file).encode_to_vec();
+    let mut cluster = target_cluster_without_endpoint(t).encode_to_vec();
     len_delimited(33, &assignment, &mut cluster); // Cluster.load_assignment
     cluster
 }
@@ -194,50 +198,18 @@ fn len_delimited(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
 }
 
 /// The target's cluster as a value (decoded from [`target_cluster_bytes`]).
-pub fn target_cluster(t: &TargetPlan, upstream_ca_file: &str) -> Cluster {
-    Cluster::decode(target_cluster_bytes(t, upstream_ca_file).as_slice())
-        .unwrap_or_else(|_| target_cluster_without_endpoint(t, upstream_ca_file))
+pub fn target_cluster(t: &TargetPlan) -> Cluster {
+    Cluster::decode(target_cluster_bytes(t).as_slice())
+        .unwrap_or_else(|_| target_cluster_without_endpoint(t))
 }
 
-fn target_cluster_without_endpoint(t: &TargetPlan, upstream_ca_file: &str) -> Cluster {
+fn target_cluster_without_endpoint(t: &TargetPlan) -> Cluster {
     let discovery = if t.resolve {
         DiscoveryType::LogicalDns
     } else {
         DiscoveryType::Static
     };
-    let transport_socket = t.tls_sni.as_ref().map(|sni| {
-        let tls = UpstreamTlsContext {
-            sni: sni.clone(),
-            common_tls_context: Some(CommonTlsContext {
-                alpn_protocols: vec!["http/1.1".into()],
-                validation_context_type: Some(ValidationContextType::ValidationContext(
-                    CertificateValidationContext {
-                        trusted_ca: Some(DataSource {
-                            specifier: Some(data_source::Specifier::Filename(
-                                upstream_ca_file.to_string(),
-                            )),
-                            ..DataSource::default()
-                        }),
-                        match_typed_subject_alt_names: vec![SubjectAltNameMatcher {
-                            san_type: SanType::Dns as i32,
-                            matcher: Some(StringMatcher {
-                                match_pattern: Some(MatchPattern::Exact(sni.clone())),
-                                ..StringMatcher::default()
-                            }),
-                            ..SubjectAltNameMatcher::default()
-                        }],
-                        ..CertificateValidationContext::default()
-                    },
-                )),
-                ..CommonTlsContext::default()
-            }),
-            ..UpstreamTlsContext::default()
-        };
-        TransportSocket {
-            name: "envoy.transport_sockets.tls".into(),
-            config_type: Some(transport_socket::ConfigType::TypedConfig(any(&tls))),
-        }
-    });
+    let transport_socket = t.tls.as_ref().map(transport_socket);
     Cluster {
         name: t.name.clone(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery as i32)),
@@ -254,6 +226,44 @@ fn target_cluster_without_endpoint(t: &TargetPlan, upstream_ca_file: &str) -> Cl
         }),
         transport_socket,
         ..Cluster::default()
+    }
+}
+
+/// An https cluster's transport socket: halo-envoy-config's [`UpstreamTls`] decision
+/// (its `transport_socket` JSON, for the standalone bootstrap) as protobuf.
+pub fn transport_socket(t: &UpstreamTls) -> TransportSocket {
+    let (san_type, san) = match &t.san {
+        San::Dns(h) => (SanType::Dns, h),
+        San::IpAddress(ip) => (SanType::IpAddress, ip),
+    };
+    let tls = UpstreamTlsContext {
+        sni: t.sni.clone().unwrap_or_default(),
+        common_tls_context: Some(CommonTlsContext {
+            alpn_protocols: vec![halo_envoy_config::tls::ALPN.into()],
+            validation_context_type: Some(ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: Some(DataSource {
+                        specifier: Some(data_source::Specifier::Filename(t.trusted_ca.clone())),
+                        ..DataSource::default()
+                    }),
+                    match_typed_subject_alt_names: vec![SubjectAltNameMatcher {
+                        san_type: san_type as i32,
+                        matcher: Some(StringMatcher {
+                            match_pattern: Some(MatchPattern::Exact(san.clone())),
+                            ..StringMatcher::default()
+                        }),
+                        ..SubjectAltNameMatcher::default()
+                    }],
+                    ..CertificateValidationContext::default()
+                },
+            )),
+            ..CommonTlsContext::default()
+        }),
+        ..UpstreamTlsContext::default()
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(any(&tls))),
     }
 }
 
@@ -312,14 +322,18 @@ pub fn aggregate_cluster(
     }
 }
 
-/// The one route: cluster from the filter's header, retries walk the failover order.
+/// The model routes (halo-envoy-config's `model_routes`, the standalone bootstrap's): one
+/// per aggregate with a header timeout (matched on its name in the route header, the
+/// first pick's `timeoutSeconds` as per-try timeout), then the route for every other
+/// aggregate (cluster from the filter's header). Retries walk the failover order.
 pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
-    let retry_policy = RetryPolicy {
+    let retry_policy = |per_try: Option<u32>| RetryPolicy {
         retry_on: r.retry_on.clone(),
         num_retries: Some(UInt32Value {
             value: r.num_retries,
         }),
         retriable_status_codes: r.retriable_status_codes.clone(),
+        per_try_timeout: per_try.map(seconds),
         // Each retry goes to the next priority (sub-cluster) not yet tried.
         retry_priority: Some(retry_policy::RetryPriority {
             name: "envoy.retry_priorities.previous_priorities".into(),
@@ -331,32 +345,60 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
         }),
         ..RetryPolicy::default()
     };
-    let action = RouteAction {
-        cluster_specifier: Some(ClusterSpecifier::ClusterHeader(r.cluster_header.clone())),
-        // Streams are never time-limited as a whole; idleness ends them.
-        timeout: Some(seconds(0)),
-        idle_timeout: Some(seconds(r.idle_timeout_seconds)),
-        retry_policy: Some(retry_policy),
-        host_rewrite_specifier: r.auto_host_rewrite.then_some(
-            HostRewriteSpecifier::AutoHostRewrite(BoolValue { value: true }),
-        ),
-        ..RouteAction::default()
+    let route = |name: &str, headers: Vec<HeaderMatcher>, cluster, per_try| Route {
+        name: name.to_string(),
+        r#match: Some(RouteMatch {
+            path_specifier: Some(PathSpecifier::Prefix("/".into())),
+            headers,
+            ..RouteMatch::default()
+        }),
+        action: Some(Action::Route(RouteAction {
+            cluster_specifier: Some(cluster),
+            // Streams are never time-limited as a whole; idleness ends them.
+            timeout: Some(seconds(0)),
+            idle_timeout: Some(seconds(r.idle_timeout_seconds)),
+            retry_policy: Some(retry_policy(per_try)),
+            host_rewrite_specifier: r.auto_host_rewrite.then_some(
+                HostRewriteSpecifier::AutoHostRewrite(BoolValue { value: true }),
+            ),
+            ..RouteAction::default()
+        })),
+        request_headers_to_remove: r.request_headers_to_remove.clone(),
+        ..Route::default()
     };
+    let mut routes: Vec<Route> = r
+        .header_timeouts
+        .iter()
+        .map(|(aggregate, secs)| {
+            route(
+                aggregate,
+                vec![HeaderMatcher {
+                    name: r.cluster_header.clone(),
+                    header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(
+                        StringMatcher {
+                            match_pattern: Some(MatchPattern::Exact(aggregate.clone())),
+                            ..StringMatcher::default()
+                        },
+                    )),
+                    ..HeaderMatcher::default()
+                }],
+                ClusterSpecifier::Cluster(aggregate.clone()),
+                Some(*secs),
+            )
+        })
+        .collect();
+    routes.push(route(
+        "by-route-header",
+        Vec::new(),
+        ClusterSpecifier::ClusterHeader(r.cluster_header.clone()),
+        None,
+    ));
     RouteConfiguration {
         name: r.name.clone(),
         virtual_hosts: vec![VirtualHost {
             name: r.name.clone(),
             domains: vec!["*".into()],
-            routes: vec![Route {
-                name: "by-route-header".into(),
-                r#match: Some(RouteMatch {
-                    path_specifier: Some(PathSpecifier::Prefix("/".into())),
-                    ..RouteMatch::default()
-                }),
-                action: Some(Action::Route(action)),
-                request_headers_to_remove: r.request_headers_to_remove.clone(),
-                ..Route::default()
-            }],
+            routes,
             ..VirtualHost::default()
         }],
         ..RouteConfiguration::default()
@@ -407,12 +449,25 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             route_config_name: l.route_config_name.clone(),
         })),
         stream_idle_timeout: Some(seconds(l.stream_idle_timeout_seconds)),
+        access_log: vec![AccessLog {
+            name: l.access_log["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            config_type: Some(access_log::ConfigType::TypedConfig(typed_struct(
+                &l.access_log["typed_config"],
+            ))),
+            ..AccessLog::default()
+        }],
         http_filters,
         ..HttpConnectionManager::default()
     };
     Listener {
         name: l.name.clone(),
         address: Some(socket(&l.address, l.port)),
+        per_connection_buffer_limit_bytes: Some(UInt32Value {
+            value: l.per_connection_buffer_limit_bytes,
+        }),
         filter_chains: vec![FilterChain {
             filters: vec![Filter {
                 name: "envoy.filters.network.http_connection_manager".into(),
@@ -498,7 +553,7 @@ fn value_bytes(v: &serde_json::Value) -> Vec<u8> {
 }
 
 /// A one-endpoint service cluster: the issuer's JWKS, the kill-list server.
-pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
+pub fn service_cluster(j: &ServicePlan) -> Cluster {
     let target = TargetPlan {
         name: j.cluster.clone(),
         upstream: String::new(),
@@ -507,7 +562,7 @@ pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
         host: j.host.clone(),
         port: j.port,
         resolve: j.host.parse::<std::net::IpAddr>().is_err(),
-        tls_sni: j.tls_sni.clone(),
+        tls: j.tls.clone(),
         connect_timeout_seconds: 5,
         breaker: crate::translate::Breaker::default(),
         metadata: Vec::new(),
@@ -515,40 +570,8 @@ pub fn jwks_cluster(j: &ServicePlan, upstream_ca_file: &str) -> Cluster {
         headers: Vec::new(),
         credential_summary: String::new(),
     };
-    let mut c = target_cluster_without_endpoint(&target, upstream_ca_file);
+    let mut c = target_cluster_without_endpoint(&target);
     c.outlier_detection = None;
-    if j.tls && j.tls_sni.is_none() {
-        // An https IP literal (a loopback or in-cluster issuer): TLS, its IP as the SAN.
-        let tls = UpstreamTlsContext {
-            common_tls_context: Some(CommonTlsContext {
-                validation_context_type: Some(ValidationContextType::ValidationContext(
-                    CertificateValidationContext {
-                        trusted_ca: Some(DataSource {
-                            specifier: Some(data_source::Specifier::Filename(
-                                upstream_ca_file.to_string(),
-                            )),
-                            ..DataSource::default()
-                        }),
-                        match_typed_subject_alt_names: vec![SubjectAltNameMatcher {
-                            san_type: SanType::IpAddress as i32,
-                            matcher: Some(StringMatcher {
-                                match_pattern: Some(MatchPattern::Exact(j.host.clone())),
-                                ..StringMatcher::default()
-                            }),
-                            ..SubjectAltNameMatcher::default()
-                        }],
-                        ..CertificateValidationContext::default()
-                    },
-                )),
-                ..CommonTlsContext::default()
-            }),
-            ..UpstreamTlsContext::default()
-        };
-        c.transport_socket = Some(TransportSocket {
-            name: "envoy.transport_sockets.tls".into(),
-            config_type: Some(transport_socket::ConfigType::TypedConfig(any(&tls))),
-        });
-    }
     c.load_assignment = Some(ClusterLoadAssignment {
         cluster_name: j.cluster.clone(),
         endpoints: vec![LocalityLbEndpoints {

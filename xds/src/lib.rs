@@ -60,7 +60,7 @@ pub fn snapshot_with_kill_list(
     kill_list: Option<&str>,
 ) -> Result<Snapshot, TranslateError> {
     let plan = plan(compiled, settings)?;
-    let mut resources = envoy::resources(&plan, &settings.upstream_ca_file);
+    let mut resources = envoy::resources(&plan);
     let mut filter_settings = settings.filter_settings.clone();
     if let (Some(ks), Some(m)) = (&plan.listener.killswitch, filter_settings.as_object_mut()) {
         let entry = m

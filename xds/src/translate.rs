@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use halo_envoy_config::credentials::{self, Hosts, TargetCredential};
+use halo_envoy_config::tls::UpstreamTls;
 use halo_policy::cluster_names::{route_aggregates, scoped_routes, target_cluster};
 use halo_policy::{Snapshot, Target};
 use serde::{Deserialize, Serialize};
@@ -93,17 +94,18 @@ impl GatewaySettings {
 
 impl Default for GatewaySettings {
     fn default() -> Self {
+        let failover = halo_envoy_config::bootstrap::Failover::default();
         GatewaySettings {
             listener_name: "halo".into(),
             listen_address: "0.0.0.0".into(),
             listen_port: 8080,
             route_config_name: "halo".into(),
-            route_header: "x-halo-route".into(),
-            max_attempts: 3,
+            route_header: halo_envoy_config::names::ROUTE_HEADER.into(),
+            max_attempts: failover.max_attempts,
             breaker: Breaker::default(),
-            default_connect_timeout_seconds: 10,
-            stream_idle_timeout_seconds: 300,
-            upstream_ca_file: "/etc/ssl/certs/ca-certificates.crt".into(),
+            default_connect_timeout_seconds: failover.default_connect_timeout_seconds,
+            stream_idle_timeout_seconds: halo_envoy_config::bootstrap::STREAM_IDLE_TIMEOUT_SECONDS,
+            upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
             wasm_path: "/usr/local/lib/halo/halo_filter.wasm".into(),
             filter_settings: serde_json::json!({}),
             jwks_uri: None,
@@ -130,9 +132,10 @@ pub struct Breaker {
 
 impl Default for Breaker {
     fn default() -> Self {
+        let failover = halo_envoy_config::bootstrap::Failover::default();
         Breaker {
-            consecutive_failures: 5,
-            open_seconds: 30,
+            consecutive_failures: failover.breaker_failures,
+            open_seconds: failover.breaker_open_seconds,
         }
     }
 }
@@ -182,19 +185,23 @@ pub struct ListenerPlan {
     pub port: u16,
     pub route_config_name: String,
     pub stream_idle_timeout_seconds: u32,
+    /// Room for a whole model call (halo-envoy-config's `listener_buffer_limit`).
+    pub per_connection_buffer_limit_bytes: u32,
+    /// The access log (halo-envoy-config's `access_log`, Envoy JSON).
+    pub access_log: serde_json::Value,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePlan {
     pub cluster: String,
-    /// https: TLS, verified against upstreamCaFile (SNI + DNS SAN for a host name, an IP
-    /// SAN for an IP literal).
-    pub tls: bool,
     pub uri: String,
     pub host: String,
     pub port: u16,
-    pub tls_sni: Option<String>,
+    /// https: TLS, verified against upstreamCaFile (SNI + DNS SAN for a host name, an IP
+    /// SAN for an IP literal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -210,6 +217,10 @@ pub struct RoutePlan {
     pub retriable_status_codes: Vec<u32>,
     pub num_retries: u32,
     pub idle_timeout_seconds: u32,
+    /// Per aggregate whose first pick has `timeoutSeconds`: that bound on each attempt's
+    /// wait for response headers (a route of its own; halo-envoy-config's `model_routes`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub header_timeouts: BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -235,9 +246,9 @@ pub struct TargetPlan {
     pub port: u16,
     /// An IP literal is a static endpoint; a host name is resolved by Envoy (logical DNS).
     pub resolve: bool,
-    /// SNI (and certificate name) for https upstreams.
+    /// How an https upstream's certificate is verified (CA, SAN, SNI).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_sni: Option<String>,
+    pub tls: Option<UpstreamTls>,
     pub connect_timeout_seconds: u32,
     pub breaker: Breaker,
     /// The endpoint's `filter_metadata.halo` (halo-envoy-config's `target_metadata`),
@@ -270,14 +281,17 @@ pub enum TranslateError {
     Credentials(#[from] credentials::SettingsError),
 }
 
-fn service(what: &'static str, cluster: &str, uri: String) -> Result<ServicePlan, TranslateError> {
+fn service(
+    what: &'static str,
+    cluster: &str,
+    uri: String,
+    trusted_ca: &str,
+) -> Result<ServicePlan, TranslateError> {
     let ep = halo_envoy_config::bootstrap::endpoint(what, &uri)
         .map_err(|_| TranslateError::BadServiceUrl(what, uri.clone()))?;
-    let is_ip = ep.host.parse::<IpAddr>().is_ok();
     Ok(ServicePlan {
         cluster: cluster.into(),
-        tls: ep.tls,
-        tls_sni: (ep.tls && !is_ip).then(|| ep.host.clone()),
+        tls: ep.tls.then(|| UpstreamTls::for_host(&ep.host, trusted_ca)),
         uri,
         host: ep.host,
         port: ep.port,
@@ -295,12 +309,17 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
     let hosts = settings.hosts();
     let headers = hosts.rendered_headers(|u| snap.upstreams.contains_key(u))?;
     let mut targets: BTreeMap<String, TargetPlan> = BTreeMap::new();
+    let mut timeouts: BTreeMap<String, u32> = BTreeMap::new();
+    let mut header_timeouts: BTreeMap<String, u32> = BTreeMap::new();
     let mut aggregates: BTreeMap<String, AggregatePlan> = BTreeMap::new();
 
     for (scope, routes) in scoped_routes(snap) {
         for (alias, route) in routes {
             for target in route {
                 let name = target_cluster(target);
+                if let Some(secs) = target.timeout_seconds {
+                    timeouts.insert(name.clone(), secs);
+                }
                 if let std::collections::btree_map::Entry::Vacant(slot) = targets.entry(name) {
                     let name = slot.key().clone();
                     let mut t = plan_target(snap, settings, alias, target, name)?;
@@ -309,6 +328,9 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
                 }
             }
             for (name, first_pick, clusters) in route_aggregates(snap, scope, alias, route) {
+                if let Some(secs) = clusters.first().and_then(|c| timeouts.get(c)) {
+                    header_timeouts.insert(name.clone(), *secs);
+                }
                 aggregates.insert(
                     name.clone(),
                     AggregatePlan {
@@ -349,6 +371,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
                 "jwksUri",
                 halo_envoy_config::names::JWKS_CLUSTER,
                 uri,
+                &settings.upstream_ca_file,
             )?)
         }
     };
@@ -360,6 +383,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
                 "killswitchUrl",
                 halo_envoy_config::names::KILLSWITCH_CLUSTER,
                 u,
+                &settings.upstream_ca_file,
             )
         })
         .transpose()?;
@@ -378,18 +402,21 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, Transla
             port: settings.listen_port,
             route_config_name: settings.route_config_name.clone(),
             stream_idle_timeout_seconds: settings.stream_idle_timeout_seconds,
+            per_connection_buffer_limit_bytes: halo_envoy_config::bootstrap::listener_buffer_limit(
+                &settings.filter_settings,
+            ),
+            access_log: halo_envoy_config::bootstrap::access_log(),
         },
         route: RoutePlan {
             name: settings.route_config_name.clone(),
             cluster_header: settings.route_header.clone(),
             auto_host_rewrite: true,
             request_headers_to_remove: vec![settings.route_header.clone()],
-            // Envoy never retries once response headers went downstream, so a stream
-            // that failed mid-body is not retried (invariant 4).
-            retry_on: "5xx,connect-failure,retriable-status-codes".into(),
-            retriable_status_codes: vec![429],
+            retry_on: halo_envoy_config::bootstrap::RETRY_ON.into(),
+            retriable_status_codes: halo_envoy_config::bootstrap::RETRIABLE_STATUS_CODES.to_vec(),
             num_retries: settings.max_attempts - 1,
             idle_timeout_seconds: settings.stream_idle_timeout_seconds,
+            header_timeouts,
         },
         aggregates: aggregates.into_values().collect(),
         targets: targets.into_values().collect(),
@@ -413,22 +440,14 @@ fn plan_target(
                 alias: alias.to_string(),
                 upstream: target.upstream.clone(),
             })?;
-    let bad_url = || TranslateError::BadUrl {
-        upstream: target.upstream.clone(),
-        url: upstream.url.clone(),
-    };
-    let uri: http::Uri = upstream.url.parse().map_err(|_| bad_url())?;
-    let https = match uri.scheme_str() {
-        Some("https") => true,
-        Some("http") => false,
-        _ => return Err(bad_url()),
-    };
-    let host = uri.host().filter(|h| !h.is_empty()).ok_or_else(bad_url)?;
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let ep =
+        halo_envoy_config::bootstrap::endpoint(&target.upstream, &upstream.url).map_err(|_| {
+            TranslateError::BadUrl {
+                upstream: target.upstream.clone(),
+                url: upstream.url.clone(),
+            }
+        })?;
+    let (https, host, port) = (ep.tls, ep.host, ep.port);
     let is_ip = host.parse::<IpAddr>().is_ok();
     let metadata = halo_envoy_config::bootstrap::target_metadata(
         &name,
@@ -451,7 +470,7 @@ fn plan_target(
         upstream: target.upstream.clone(),
         kind: upstream.kind.as_str().to_string(),
         model: target.model.clone(),
-        tls_sni: (https && !is_ip).then(|| host.clone()),
+        tls: https.then(|| UpstreamTls::for_host(&host, &settings.upstream_ca_file)),
         resolve: !is_ip,
         host,
         port,
@@ -552,7 +571,7 @@ mod tests {
         }
         let p = plan(&snap, &s).expect("plans");
         assert_eq!((p.targets[0].host.as_str(), p.targets[0].port), ("::1", 9));
-        assert!(!p.targets[0].resolve && p.targets[0].tls_sni.is_none());
+        assert!(!p.targets[0].resolve && p.targets[0].tls.is_none());
         let zero = GatewaySettings {
             max_attempts: 0,
             ..GatewaySettings::default()
