@@ -73,6 +73,14 @@ if ! command -v gnome-keyring-daemon >/dev/null 2>&1 || ! command -v dbus-run-se
   apt-get install -y -qq --no-install-recommends gnome-keyring dbus-daemon >/dev/null
 fi
 
+# A real browser for the admin console's tests (control-plane/tests/console.rs): Debian's
+# Chromium, driven over WebDriver by its ChromeDriver.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+fi
+
 # The filter module Envoy loads (halo-demo and the end-to-end tests read it from
 # target/wasm32-unknown-unknown/release); cargo does nothing when it is up to date.
 (cd "$(dirname "$0")/.." && cargo build --locked -q -p halo-filter --target wasm32-unknown-unknown --release)

@@ -107,6 +107,7 @@ impl World {
             xds_listen: None,
             xds_gateway_file: None,
             evidence: Default::default(),
+            console_url: None,
         };
         let server = halo_server::server::start(&settings).await.unwrap();
         let api = format!("http://{}", server.api_addr);

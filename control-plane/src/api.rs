@@ -82,7 +82,7 @@ pub struct AppState {
     pub evidence: Option<Arc<crate::evidence::Evidence>>,
 }
 
-type Shared = Arc<AppState>;
+pub(crate) type Shared = Arc<AppState>;
 
 impl AppState {
     /// The policy served at this moment (a handler reads it once and keeps it).
@@ -108,6 +108,18 @@ impl ApiError {
             message: message.into(),
             extra: None,
         }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
     }
 
     fn with(mut self, extra: serde_json::Value) -> ApiError {
@@ -584,9 +596,37 @@ async fn change(
     target: Target,
 ) -> Result<Response, ApiError> {
     let admin = admin(&state, &headers).await?;
-    let ks = kill_switch(&state)?;
     let ApiJson(body) = body?;
-    let reason = body.reason.trim();
+    let done = kill_or_unkill(&state, &admin, action, target, &name, &body.reason).await?;
+    Ok(Json(json!({
+        "target": target.as_str(),
+        "name": name,
+        "killed": done.killed,
+        "version": done.version,
+    }))
+    .into_response())
+}
+
+/// A kill or unkill that was applied and audited.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Changed {
+    pub killed: bool,
+    pub version: u64,
+}
+
+/// Kill or unkill `name` for `admin` with `reason` (ADR-0009: a reason is required, the
+/// name must be in the served policy, the audit is fail-closed for unkills). The API and
+/// the console both call this.
+pub(crate) async fn kill_or_unkill(
+    state: &AppState,
+    admin: &Admin,
+    action: Action,
+    target: Target,
+    name: &str,
+    reason: &str,
+) -> Result<Changed, ApiError> {
+    let ks = kill_switch(state)?;
+    let reason = reason.trim();
     if reason.is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -603,12 +643,11 @@ async fn change(
     }
     let policy = state.policy();
     let in_policy = match target {
-        Target::Experiment => policy.org.experiments.contains_key(&name),
-        Target::Toggle => policy.org.toggles.contains_key(&name),
+        Target::Experiment => policy.org.experiments.contains_key(name),
+        Target::Toggle => policy.org.toggles.contains_key(name),
     };
     // An unkill may name something the policy has since dropped, if it is still killed.
-    let known =
-        in_policy || (action == Action::Unkill && ks.state().await.is_killed(target, &name));
+    let known = in_policy || (action == Action::Unkill && ks.state().await.is_killed(target, name));
     if !known {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -624,7 +663,7 @@ async fn change(
     let actor = admin.user.clone();
     let audit_record = |rec: &KillRecord| audit_kill(store.as_ref(), rec);
     let outcome = ks
-        .change(&actor, action, target, &name, reason, audit_record)
+        .change(&actor, action, target, name, reason, audit_record)
         .await
         .map_err(ApiError::internal)?;
     let action_str = match action {
@@ -632,15 +671,12 @@ async fn change(
         Action::Unkill => "unkill",
     };
     state.metrics.kill_change(action_str, target.as_str());
-    let killed_now = ks.state().await.is_killed(target, &name);
+    let killed_now = ks.state().await.is_killed(target, name);
     match outcome {
-        Change::Done { version } => Ok(Json(json!({
-            "target": target.as_str(),
-            "name": name,
-            "killed": killed_now,
-            "version": version,
-        }))
-        .into_response()),
+        Change::Done { version } => Ok(Changed {
+            killed: killed_now,
+            version,
+        }),
         Change::AuditFailed {
             version,
             reverted,
@@ -913,9 +949,18 @@ async fn revoke_device(
     Path(id): Path<String>,
 ) -> Result<Json<Device>, ApiError> {
     let admin = admin(&state, &headers).await?;
+    revoke_device_for(&state, &admin, &id).await.map(Json)
+}
+
+/// Revoke a device for `admin`, audited (the API and the console both call this).
+pub(crate) async fn revoke_device_for(
+    state: &AppState,
+    admin: &Admin,
+    id: &str,
+) -> Result<Device, ApiError> {
     let device = state
         .fleet
-        .revoke(&id, &admin.user)
+        .revoke(id, &admin.user)
         .await
         .map_err(fleet_error)?;
     // The revoke stands even if the audit fails (fail safe), but the caller hears of it.
@@ -928,5 +973,5 @@ async fn revoke_device(
             "the device is revoked but the audit log could not be written: {e}"
         ))
     })?;
-    Ok(Json(device))
+    Ok(device)
 }

@@ -43,6 +43,8 @@ const ALLOWED: [Algorithm; 8] = [
 pub struct Admin {
     /// The user claim (default `email`), else `sub`: the actor in the logs.
     pub user: String,
+    /// The groups claim (the console's session keeps it to re-check each request).
+    pub groups: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -118,6 +120,26 @@ pub struct OidcVerifier {
 struct Discovery {
     issuer: String,
     jwks_uri: String,
+    #[serde(default)]
+    authorization_endpoint: Option<String>,
+    #[serde(default)]
+    token_endpoint: Option<String>,
+}
+
+/// Where a browser logs in and where its code is redeemed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    pub authorization: String,
+    pub token: String,
+}
+
+fn require_identity(identity: Option<&Identity>) -> Result<&Identity, AuthError> {
+    identity.ok_or_else(|| {
+        AuthError::Unavailable(
+            "the served policy has no identity (halos.yaml identity): the admin API is unavailable"
+                .to_string(),
+        )
+    })
 }
 
 impl OidcVerifier {
@@ -139,18 +161,139 @@ impl OidcVerifier {
         identity: Option<&Identity>,
         authorization: Option<&str>,
     ) -> Result<Admin, AuthError> {
-        let identity = identity.ok_or_else(|| {
-            AuthError::Unavailable(
-                "the served policy has no identity (halos.yaml identity): the admin API is unavailable"
-                    .to_string(),
-            )
-        })?;
+        let identity = require_identity(identity)?;
         let token = bearer(authorization).ok_or_else(|| {
             AuthError::Unauthenticated(
                 "an admin call needs `Authorization: Bearer <OIDC token>` from the policy's identity issuer"
                     .to_string(),
             )
         })?;
+        let audience = identity.effective_audience().ok_or_else(|| {
+            AuthError::Unavailable("the policy's identity has no audience or clientID".to_string())
+        })?;
+        let claims = self.verify_jwt(identity, token, audience).await?;
+        admin_from_claims(identity, &claims)
+    }
+
+    /// Check the ID token of the console's login (OIDC Core 3.1.3.7): signed by the
+    /// issuer, `aud` the policy's clientID, unexpired, carrying the `nonce` the login
+    /// sent; then the admin group rule, as for the API.
+    pub async fn verify_id_token(
+        &self,
+        identity: Option<&Identity>,
+        id_token: &str,
+        nonce: &str,
+    ) -> Result<Admin, AuthError> {
+        let identity = require_identity(identity)?;
+        let client_id = identity.client_id.as_deref().ok_or_else(|| {
+            AuthError::Unavailable(
+                "the policy's identity has no clientID: the console cannot log in".to_string(),
+            )
+        })?;
+        let claims = self.verify_jwt(identity, id_token, client_id).await?;
+        let sent = claims.get("nonce").and_then(|v| v.as_str()).unwrap_or("");
+        if sent.is_empty()
+            || !bool::from(subtle::ConstantTimeEq::ct_eq(
+                sent.as_bytes(),
+                nonce.as_bytes(),
+            ))
+        {
+            return Err(AuthError::Unauthenticated(
+                "the ID token does not carry this login's nonce".to_string(),
+            ));
+        }
+        admin_from_claims(identity, &claims)
+    }
+
+    /// The issuer's authorization and token endpoints, from its discovery document.
+    pub async fn endpoints(&self, identity: Option<&Identity>) -> Result<Endpoints, AuthError> {
+        let identity = require_identity(identity)?;
+        let d = self.discover(identity).await.map_err(|e| {
+            AuthError::Unavailable(format!(
+                "cannot read the identity provider's discovery document: {e}"
+            ))
+        })?;
+        match (d.authorization_endpoint, d.token_endpoint) {
+            (Some(authorization), Some(token))
+                if authorization.starts_with("https://") && token.starts_with("https://") =>
+            {
+                Ok(Endpoints {
+                    authorization,
+                    token,
+                })
+            }
+            _ => Err(AuthError::Unavailable(
+                "the identity provider's discovery document has no https authorization_endpoint and token_endpoint"
+                    .to_string(),
+            )),
+        }
+    }
+
+    /// Redeem an authorization code with its PKCE verifier (RFC 7636) at the token
+    /// endpoint, as a public client; the ID token it answers.
+    pub async fn redeem_code(
+        &self,
+        identity: Option<&Identity>,
+        token_endpoint: &str,
+        code: &str,
+        verifier: &str,
+        redirect_uri: &str,
+    ) -> Result<String, AuthError> {
+        let identity = require_identity(identity)?;
+        let client_id = identity.client_id.as_deref().unwrap_or("");
+        let body = form_urlencoded::Serializer::new(String::new())
+            .append_pair("grant_type", "authorization_code")
+            .append_pair("code", code)
+            .append_pair("code_verifier", verifier)
+            .append_pair("redirect_uri", redirect_uri)
+            .append_pair("client_id", client_id)
+            .finish();
+        let resp = self
+            .http
+            .post(token_endpoint)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| AuthError::Unavailable(format!("POST {token_endpoint}: {e}")))?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| AuthError::Unavailable(format!("POST {token_endpoint}: {e}")))?;
+        #[derive(Deserialize)]
+        struct TokenAnswer {
+            id_token: Option<String>,
+            error: Option<String>,
+        }
+        let answer: TokenAnswer = serde_json::from_slice(&bytes).map_err(|e| {
+            AuthError::Unavailable(format!(
+                "POST {token_endpoint}: HTTP {status}, not JSON: {e}"
+            ))
+        })?;
+        match (status.is_success(), answer.id_token, answer.error) {
+            (true, Some(id), _) => Ok(id),
+            (true, None, _) => Err(AuthError::Unauthenticated(
+                "the token endpoint answered no id_token (is the openid scope allowed?)"
+                    .to_string(),
+            )),
+            (false, _, e) => Err(AuthError::Unauthenticated(format!(
+                "the identity provider refused the code: {}",
+                e.unwrap_or_else(|| format!("HTTP {status}"))
+            ))),
+        }
+    }
+
+    /// Verify a JWT's signature (the issuer's JWKS), `iss`, `aud` and `exp`; its claims.
+    async fn verify_jwt(
+        &self,
+        identity: &Identity,
+        token: &str,
+        audience: &str,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, AuthError> {
         let header = decode_header(token)
             .map_err(|_| AuthError::Unauthenticated("the bearer token is not a JWT".to_string()))?;
         if !ALLOWED.contains(&header.alg) {
@@ -174,14 +317,7 @@ impl OidcVerifier {
         }
         let mut validation = Validation::new(header.alg);
         validation.set_issuer(&[identity.issuer.as_str()]);
-        match identity.effective_audience() {
-            Some(aud) => validation.set_audience(&[aud]),
-            None => {
-                return Err(AuthError::Unavailable(
-                    "the policy's identity has no audience or clientID".to_string(),
-                ));
-            }
-        }
+        validation.set_audience(&[audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         validation.leeway = LEEWAY_SECS;
         let mut last_err = None;
@@ -190,7 +326,7 @@ impl OidcVerifier {
                 continue;
             };
             match decode::<serde_json::Map<String, serde_json::Value>>(token, &key, &validation) {
-                Ok(data) => return admin_from_claims(identity, &data.claims),
+                Ok(data) => return Ok(data.claims),
                 Err(e) => last_err = Some(e),
             }
         }
@@ -238,7 +374,8 @@ impl OidcVerifier {
         }
     }
 
-    async fn fetch(&self, identity: &Identity) -> Result<JwkSet, String> {
+    /// The issuer's discovery document, checked to name the policy's issuer.
+    async fn discover(&self, identity: &Identity) -> Result<Discovery, String> {
         let discovery_url = format!(
             "{}/.well-known/openid-configuration",
             identity.issuer.trim_end_matches('/')
@@ -250,6 +387,11 @@ impl OidcVerifier {
                 discovery.issuer
             ));
         }
+        Ok(discovery)
+    }
+
+    async fn fetch(&self, identity: &Identity) -> Result<JwkSet, String> {
+        let discovery = self.discover(identity).await?;
         if !discovery.jwks_uri.starts_with("https://") {
             return Err("the discovery document's jwks_uri is not https".to_string());
         }
@@ -302,10 +444,12 @@ fn admin_from_claims(
         .any(|g| identity.admin_groups.iter().any(|a| a == g))
     {
         return Err(AuthError::Forbidden(format!(
-            "not an admin: the {groups_claim} claim contains none of the policy's adminGroups"
+            "{user} is not an admin: the {groups_claim} claim contains none of the policy's adminGroups ({})",
+            identity.admin_groups.join(", ")
         )));
     }
-    Ok(Admin { user })
+    let groups = groups.into_iter().map(str::to_string).collect();
+    Ok(Admin { user, groups })
 }
 
 /// The token of an `Authorization: Bearer <token>` header value.

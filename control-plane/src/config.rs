@@ -134,6 +134,11 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", env = "HALO_SERVER_EVIDENCE_RETENTION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "opt_duration")]
     pub evidence_retention: Option<Duration>,
+    /// The address admins open the console at (`https://halos.example.com`): the login's
+    /// redirect URI is `<url>/console/callback` and its cookies are Secure [default: the
+    /// request's own host, accepted only on loopback].
+    #[arg(long, value_name = "URL", env = "HALO_SERVER_CONSOLE_URL")]
+    pub console_url: Option<String>,
 }
 
 impl Flags {
@@ -167,6 +172,7 @@ impl Flags {
             otlp_max_batch_bytes: self.otlp_max_batch_bytes.or(file.otlp_max_batch_bytes),
             evidence_postgres_file: self.evidence_postgres_file.or(file.evidence_postgres_file),
             evidence_retention: self.evidence_retention.or(file.evidence_retention),
+            console_url: self.console_url.or(file.console_url),
         }
     }
 
@@ -221,6 +227,7 @@ pub struct Settings {
     pub xds_gateway_file: Option<PathBuf>,
     /// The evidence receivers and store.
     pub evidence: crate::evidence::EvidenceSettings,
+    pub console_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -283,6 +290,7 @@ impl Settings {
                     .evidence_retention
                     .unwrap_or(crate::evidence::DEFAULT_RETENTION),
             },
+            console_url: flags.console_url,
         };
         settings.check()?;
         Ok(settings)
@@ -315,6 +323,23 @@ impl Settings {
             return invalid("--max-body-bytes must be at least 1024");
         }
         self.evidence.check().map_err(ConfigError::Invalid)?;
+        if let Some(url) = &self.console_url {
+            // Plain HTTP would send the session cookie in clear; loopback is the one place
+            // that is no risk (a laptop, the demo).
+            let ok = url.starts_with("https://")
+                || ["http://127.0.0.1", "http://localhost", "http://[::1]"]
+                    .iter()
+                    .any(|p| {
+                        url.strip_prefix(p).is_some_and(|rest| {
+                            rest.is_empty() || rest.starts_with(':') || rest.starts_with('/')
+                        })
+                    });
+            if !ok {
+                return invalid(
+                    "--console-url must be https:// (plain http only on loopback: http://127.0.0.1:PORT)",
+                );
+            }
+        }
         Ok(())
     }
 
@@ -423,6 +448,10 @@ mod tests {
                     format!("{:?}", Duration::from_secs((i as u64 + 1) * 86400)),
                 ),
                 Some("BYTES") => ((100_000 + i).to_string(), (100_000 + i).to_string()),
+                Some("URL") => {
+                    let url = format!("https://halos-{i}.example.com");
+                    (url.clone(), format!("{url:?}"))
+                }
                 other => panic!("--{key} takes {other:?}: teach this test that kind of value"),
             };
             yaml.push_str(&format!("{key}: {value}\n"));
@@ -436,6 +465,36 @@ mod tests {
         let debug = format!("{s:?}");
         for (key, shown) in expected {
             assert!(debug.contains(&shown), "{key}: {shown} is not in {debug}");
+        }
+    }
+
+    /// The console's session cookie must not travel in clear: plain HTTP only on loopback.
+    #[test]
+    fn console_url_is_https_or_loopback() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("policy");
+        let p = policy.to_str().unwrap();
+        for ok in [
+            "https://halos.acme.com",
+            "http://127.0.0.1:8080",
+            "http://localhost",
+            "http://[::1]:9",
+        ] {
+            Settings::resolve(parse(&["--policy-dir", p, "--console-url", ok]))
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            "http://halos.acme.com",
+            "http://127.0.0.1.evil.com",
+            "ftp://x",
+        ] {
+            let err = Settings::resolve(parse(&["--policy-dir", p, "--console-url", bad]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("--console-url must be https://"),
+                "{bad}: {err}"
+            );
         }
     }
 

@@ -22,6 +22,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod controller;
 pub mod evidence;
 pub mod fleet;

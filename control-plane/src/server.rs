@@ -197,7 +197,15 @@ pub async fn start_with(
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let api_app = router(Arc::clone(&state)).into_make_service_with_connect_info::<Peer>();
+    let console_key = crate::console::session::load_key(settings.data_dir.as_deref())?;
+    let api_app = router(Arc::clone(&state))
+        .merge(crate::console::router(
+            Arc::clone(&state),
+            console_key,
+            settings.console_url.clone(),
+            xds.clone(),
+        ))
+        .into_make_service_with_connect_info::<Peer>();
     let admin_app = admin_router(Arc::clone(&state), Arc::clone(&source), xds.clone());
     let api_rx = rx.clone();
     let tasks = vec![

@@ -451,6 +451,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         xds_listen: Some(opts.xds_listen),
         xds_gateway_file: None,
         evidence: Default::default(),
+        console_url: None,
     };
     let server = halo_server::server::start_with(
         &settings,

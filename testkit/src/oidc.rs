@@ -106,6 +106,8 @@ struct CodeGrant {
     challenge: String,
     scope: String,
     claims: Value,
+    /// The authorization request's `nonce`, put in the ID token (OIDC Core 3.1.2.1).
+    nonce: Option<String>,
 }
 
 /// One issued refresh token.
@@ -569,6 +571,7 @@ impl Server {
                 challenge: get("code_challenge").to_string(),
                 scope: get("scope").to_string(),
                 claims: user,
+                nonce: q.get("nonce").cloned(),
             },
         );
         back(&[("code", &code), ("state", state)])
@@ -582,6 +585,7 @@ impl Server {
         if get("client_id") != CLIENT_ID {
             return json_answer("401 Unauthorized", json!({"error": "invalid_client"}));
         }
+        let mut nonce = None;
         let (claims, scope, family) = match grant.as_str() {
             "urn:ietf:params:oauth:grant-type:device_code" => {
                 let code = get("device_code");
@@ -614,6 +618,7 @@ impl Server {
                 if computed != c.challenge {
                     return oauth_error("invalid_grant", "PKCE verification failed");
                 }
+                nonce = c.nonce;
                 (c.claims, c.scope, None)
             }
             "refresh_token" => {
@@ -668,7 +673,11 @@ impl Server {
             c
         };
         let access = sign(&self.issuer, &self.kid, timed(audience), &self.key, offset);
-        let id = sign(&self.issuer, &self.kid, timed(CLIENT_ID), &self.key, offset);
+        let mut id_claims = timed(CLIENT_ID);
+        if let (Some(n), Value::Object(m)) = (nonce, &mut id_claims) {
+            m.insert("nonce".into(), json!(n));
+        }
+        let id = sign(&self.issuer, &self.kid, id_claims, &self.key, offset);
         json_answer(
             "200 OK",
             json!({

@@ -78,6 +78,7 @@ impl Env {
             xds_listen: None,
             xds_gateway_file: None,
             evidence: Default::default(),
+            console_url: None,
         }
     }
 
