@@ -108,9 +108,14 @@ pub fn endpoint(what: &str, url: &str) -> Result<Endpoint, RenderError> {
     })
 }
 
-/// A one-endpoint cluster for `ep`: DNS-resolved unless the host is an IP literal; for
-/// https, TLS verified against `trusted_ca` with the host as SAN (and SNI), see
-/// [`crate::tls`].
+/// The connect timeout of a service cluster (the JWKS, the kill list); a model cluster's is
+/// its target's `timeoutSeconds` or [`Failover::default_connect_timeout_seconds`].
+pub const SERVICE_CONNECT_TIMEOUT_SECONDS: u32 = 5;
+
+/// A one-endpoint cluster for `ep`: DNS-resolved unless the host is an IP literal (the
+/// address family is a resolver setting, so only a resolved cluster has one); for https,
+/// TLS verified against `trusted_ca` with the host as SAN (and SNI), see [`crate::tls`].
+/// Its connect timeout is a service's ([`SERVICE_CONNECT_TIMEOUT_SECONDS`]).
 pub fn cluster(name: &str, ep: &Endpoint, trusted_ca: &str) -> Value {
     let is_ip = ep.host.parse::<std::net::IpAddr>().is_ok();
     let mut c = json!({
@@ -118,7 +123,7 @@ pub fn cluster(name: &str, ep: &Endpoint, trusted_ca: &str) -> Value {
         // One endpoint per cluster: LOGICAL_DNS keeps connections across DNS answers
         // (a provider's many addresses) instead of draining them on each change.
         "type": if is_ip { "STATIC" } else { "LOGICAL_DNS" },
-        "connect_timeout": "10s",
+        "connect_timeout": format!("{SERVICE_CONNECT_TIMEOUT_SECONDS}s"),
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {
@@ -394,12 +399,13 @@ pub struct ModelClusters {
 /// first pick's and applies to every attempt of the request: Envoy takes it per route,
 /// not per upstream.
 pub fn model_routes(failover: &Failover, header_timeouts: &BTreeMap<String, u32>) -> Vec<Value> {
-    let route = |matcher: Value, target: (&str, &str), per_try: Option<u32>| {
+    let route = |name: &str, matcher: Value, target: (&str, &str), per_try: Option<u32>| {
         let mut retry = retry_policy(failover);
         if let Some(secs) = per_try {
             retry["per_try_timeout"] = json!(format!("{secs}s"));
         }
         json!({
+            "name": name,
             "match": matcher,
             "route": {
                 target.0: target.1,
@@ -416,6 +422,7 @@ pub fn model_routes(failover: &Failover, header_timeouts: &BTreeMap<String, u32>
         .iter()
         .map(|(aggregate, secs)| {
             route(
+                aggregate,
                 json!({"prefix": "/", "headers": [{
                     "name": names::ROUTE_HEADER,
                     "string_match": {"exact": aggregate},
@@ -426,12 +433,17 @@ pub fn model_routes(failover: &Failover, header_timeouts: &BTreeMap<String, u32>
         })
         .collect();
     routes.push(route(
+        BY_ROUTE_HEADER,
         json!({"prefix": "/"}),
         ("cluster_header", names::ROUTE_HEADER),
         None,
     ));
     routes
 }
+
+/// The name of the model route that takes its cluster from the route header (the routes
+/// before it are named after the aggregate they serve).
+pub const BY_ROUTE_HEADER: &str = "by-route-header";
 
 /// The retry policy of the model route: the xDS translator's (move on after a connect
 /// error, a 5xx or a 429; each retry to the next sub-cluster of the aggregate). Envoy
@@ -733,7 +745,10 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         clusters.push(cluster(names::JWKS_CLUSTER, &ep, &opts.upstream_ca_file));
         http_filters.extend(jwt_authn(snap, &jwks, &opts.wasm_path));
     }
-    http_filters.push(halo_filter(&opts.wasm_path, snap, &settings));
+    let mut filter = halo_filter(&opts.wasm_path, snap, &settings);
+    // The name xDS gives it too (its ECDS resource's): one name in both modes.
+    filter["name"] = json!(names::FILTER_NAME);
+    http_filters.push(filter);
     http_filters.push(json!({
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},

@@ -18,6 +18,10 @@ pub const ROUTE_HEADER: &str = "x-halo-route";
 /// The kill-list server's cluster in the standalone bootstrap.
 pub const KILLSWITCH_CLUSTER: &str = "halo-killswitch";
 
+/// The halo filter's name in the listener's filter chain, in both modes (in xDS mode also
+/// the name of its ECDS resource).
+pub const FILTER_NAME: &str = "halo";
+
 /// The identity provider's JWKS cluster.
 pub const JWKS_CLUSTER: &str = "halo-jwks";
 

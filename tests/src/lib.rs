@@ -19,6 +19,7 @@ pub mod tls;
 pub mod xds;
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -774,6 +775,58 @@ pub fn prometheus_metric(name: &str) -> String {
     } else {
         name.to_string()
     }
+}
+
+/// POST `body` to `/v1/messages` of the gateway on `port` over a raw connection, announced
+/// (Content-Length) or chunked, writing from a thread while the answer is read, so an
+/// answer sent before the body is complete is seen (an oversize body's 413). Returns
+/// (status, content-type, body).
+pub fn raw_post(port: u16, auth: &str, body: Vec<u8>, chunked: bool) -> (u16, String, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let framing = if chunked {
+        "Transfer-Encoding: chunked".to_string()
+    } else {
+        format!("Content-Length: {}", body.len())
+    };
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nConnection: close\r\n{framing}\r\n\r\n"
+    );
+    let mut w = s.try_clone().expect("clone stream");
+    let writer = std::thread::spawn(move || {
+        w.write_all(head.as_bytes())?;
+        if chunked {
+            for piece in body.chunks(64 * 1024) {
+                w.write_all(format!("{:x}\r\n", piece.len()).as_bytes())?;
+                w.write_all(piece)?;
+                w.write_all(b"\r\n")?;
+            }
+            w.write_all(b"0\r\n\r\n")
+        } else {
+            w.write_all(&body)
+        }
+    });
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    // The gateway may close before the rest of the body is written: that is the point.
+    let _ = writer.join();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    (status, content_type, body.to_string())
 }
 
 /// A response as the client saw it.

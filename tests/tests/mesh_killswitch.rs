@@ -39,7 +39,7 @@ fn set_payload_key(v: &mut Value, key: &str) {
     }
 }
 
-/// The wasm filter entry of the bootstrap's HTTP filter chain.
+/// The halo filter's entry of the bootstrap's HTTP filter chain.
 fn wasm_filter_mut(doc: &mut Value) -> &mut Value {
     let filters = doc
         .pointer_mut(
@@ -49,8 +49,8 @@ fn wasm_filter_mut(doc: &mut Value) -> &mut Value {
         .expect("the bootstrap's HTTP filters");
     filters
         .iter_mut()
-        .find(|f| f["name"] == "envoy.filters.http.wasm")
-        .expect("the wasm filter")
+        .find(|f| f["name"] == halo_envoy_config::names::FILTER_NAME)
+        .expect("the halo filter")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -213,7 +213,12 @@ fn target_cluster_without_endpoint(t: &TargetPlan) -> Cluster {
     Cluster {
         name: t.name.clone(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery as i32)),
-        dns_lookup_family: DnsLookupFamily::V4Preferred as i32,
+        // A resolver setting: only a resolved cluster has one (as the bootstrap's).
+        dns_lookup_family: if t.resolve {
+            DnsLookupFamily::V4Preferred as i32
+        } else {
+            DnsLookupFamily::default() as i32
+        },
         connect_timeout: Some(seconds(t.connect_timeout_seconds)),
         outlier_detection: Some(OutlierDetection {
             consecutive_5xx: Some(UInt32Value {
@@ -388,7 +393,7 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
         })
         .collect();
     routes.push(route(
-        "by-route-header",
+        halo_envoy_config::bootstrap::BY_ROUTE_HEADER,
         Vec::new(),
         ClusterSpecifier::ClusterHeader(r.cluster_header.clone()),
         None,
@@ -563,7 +568,7 @@ pub fn service_cluster(j: &ServicePlan) -> Cluster {
         port: j.port,
         resolve: j.host.parse::<std::net::IpAddr>().is_err(),
         tls: j.tls.clone(),
-        connect_timeout_seconds: 5,
+        connect_timeout_seconds: halo_envoy_config::bootstrap::SERVICE_CONNECT_TIMEOUT_SECONDS,
         breaker: crate::translate::Breaker::default(),
         metadata: Vec::new(),
         credential: TargetCredential::None,

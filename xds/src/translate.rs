@@ -299,7 +299,7 @@ fn service(
 }
 
 /// The ECDS resource name of the halo filter's configuration.
-pub const FILTER_CONFIG_NAME: &str = "halo";
+pub const FILTER_CONFIG_NAME: &str = halo_envoy_config::names::FILTER_NAME;
 
 /// Decide every resource for `snap` under `settings`.
 pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, TranslateError> {
