@@ -357,11 +357,7 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
         if !provider.is_empty() {
             assert_eq!(one.json()["provider"], provider, "{what}: {}", one.text());
         }
-        assert_eq!(
-            seen(&one),
-            seen(&two),
-            "{what}: the modes answer differently"
-        );
+        assert_eq!(seen(one), seen(two), "{what}: the modes answer differently");
     }
     assert!(
         f.hang.accepted() >= 2,
