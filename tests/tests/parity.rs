@@ -112,7 +112,9 @@ async fn gateways(f: &Fixture) -> (Gateway, Gateway, halo_e2e::xds::Ads) {
         ..halo_e2e::xds::settings(free_port())
     };
     let (ads, xds) = halo_e2e::xds::gateway(&f.snapshot, &settings, "gw-parity", &env).await;
+    // The same readiness probe to both (an unauthenticated call), so both count it.
     halo_e2e::xds::wait_serving(&xds).await;
+    halo_e2e::xds::wait_serving(&standalone).await;
     (standalone, xds, ads)
 }
 
@@ -398,4 +400,19 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
             "chunked {chunked}: the modes refuse differently"
         );
     }
+
+    // 4. The filter's metrics under the same Prometheus names and labels in both modes
+    //    (the stats tags of the bootstrap and of envoy/ads.yaml).
+    let metrics = |gw: &Gateway| -> std::collections::BTreeSet<String> {
+        let prefix = prometheus_metric("halo_");
+        gw.envoy
+            .prometheus()
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit_once(' ').map(|(name, _)| name.to_string()))
+            .collect()
+    };
+    let (one, two) = (metrics(&standalone), metrics(&xds));
+    assert!(!one.is_empty(), "the filter counted the requests");
+    assert_eq!(one, two, "the modes name the filter's metrics differently");
 }
