@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use halo_e2e::tls::TestCa;
 use halo_e2e::*;
+use halo_envoy_config::names;
 use halo_testkit::{free_port, wait_until};
 use serde_json::{Value, json};
 
@@ -161,12 +162,12 @@ async fn untrusted_upstream_certificates_are_refused_and_served_once_the_ca_is_c
     assert!(prov_a.refused() > 0, "Envoy broke off the handshake");
     assert!(ssl_failures(&gw, "t~prov-a~.*", "fail_verify_error") > 0);
     wait_until("the JWKS fetch refused", Duration::from_secs(20), || {
-        (ssl_failures(&gw, "halo-jwks", "fail_verify_error") > 0).then_some(())
+        (ssl_failures(&gw, names::JWKS_CLUSTER, "fail_verify_error") > 0).then_some(())
     });
     wait_until(
         "the kill-list poll refused",
         Duration::from_secs(20),
-        || (ssl_failures(&gw, "halo-killswitch", "fail_verify_error") > 0).then_some(()),
+        || (ssl_failures(&gw, names::KILLSWITCH_CLUSTER, "fail_verify_error") > 0).then_some(()),
     );
     assert_eq!(jwks.handshakes(), 0);
     assert_eq!(kill_front.handshakes(), 0);
@@ -189,9 +190,10 @@ async fn untrusted_upstream_certificates_are_refused_and_served_once_the_ca_is_c
             // Envoy's own count of the poll's answers (the filter's counters are named
             // differently per mode and build): a 200 came back through the verified
             // cluster.
-            let fetched = gw
-                .envoy
-                .stat_sum("^cluster\\.halo-killswitch\\.(internal\\.)?upstream_rq_200$");
+            let fetched = gw.envoy.stat_sum(&format!(
+                "^cluster\\.{}\\.(internal\\.)?upstream_rq_200$",
+                names::KILLSWITCH_CLUSTER
+            ));
             (fetched > 0).then_some(())
         },
     );
