@@ -83,4 +83,4 @@ fi
 
 # The filter module Envoy loads (halo-demo and the end-to-end tests read it from
 # target/wasm32-unknown-unknown/release); cargo does nothing when it is up to date.
-(cd "$(dirname "$0")/.." && cargo build --locked -q -p halo-filter --target wasm32-unknown-unknown --release)
+(cd "$(dirname "$0")/.." && cargo build --locked -q -p halo-filter-wasm --target wasm32-unknown-unknown --release)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 # The filter module, once per run (it pulls in halo-policy for wasm32 too); the e2e tests
 # load it from target/wasm32-unknown-unknown/release (halo_testkit::filter_wasm).
-cargo build --locked -p halo-filter --target wasm32-unknown-unknown --release
+cargo build --locked -p halo-filter-wasm --target wasm32-unknown-unknown --release
 # The native build (an Envoy dynamic module), loaded from target/release.
 cargo build --locked -p halo-filter-native --release
 cargo test --locked --workspace --all-features

@@ -70,7 +70,7 @@ pub fn filter_wasm(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if !path.is_file() {
         bail!(
             "the halo filter module {} is missing; build it once with:\n  \
-             cargo build -p halo-filter --target wasm32-unknown-unknown --release\n\
+             cargo build -p halo-filter-wasm --target wasm32-unknown-unknown --release\n\
              (scripts/install.sh does this; or pass --wasm FILE / set HALO_FILTER_WASM)",
             path.display()
         );

@@ -19,7 +19,7 @@
 //! Why it matters: a body that arrives in one piece used to be copied back whole (a
 //! megabyte for a long conversation), and the early edit copied back its first piece.
 
-use halo_filter::pipeline::PrefixEdit;
+use halo_filter_core::pipeline::PrefixEdit;
 
 use crate::host::{Body, Stream};
 

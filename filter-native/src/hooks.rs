@@ -1,6 +1,6 @@
 //! The event hooks Envoy resolves in the shared object. Each turns Envoy's pointers into
-//! the module's objects and hands over to [`crate::request`], [`crate::stage`] or
-//! [`crate::plugin`]. Envoy requires every per-stream hook to exist, so the ones this
+//! the module's objects and hands over to halo-filter-core's flows (through
+//! [`NativeHost`]) or to [`crate::plugin`]. Envoy requires every per-stream hook to exist, so the ones this
 //! filter has no use for (callouts per stream, streams, watermarks) answer nothing.
 
 use std::ffi::c_char;
@@ -10,25 +10,33 @@ use crate::abi::{
     self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterConfigModulePtr, FilterEnvoyPtr,
     FilterModulePtr,
 };
-use crate::host::{self, ConfigHandle, Stream, log};
-use crate::plugin::{Plugin, TICK_EVENT};
-use crate::request::RequestFilter;
-use crate::stage::Stage;
+use halo_filter_core::host::Level;
+use halo_filter_core::request::RequestFlow;
+use halo_filter_core::stage::StageFlow;
 
-/// Per-stream object behind a filter module pointer.
+use crate::host::{self, ConfigHandle, NativeHost, Stream, log};
+use crate::plugin::{AttemptPlugin, Plugin, RequestPlugin, TICK_EVENT};
+
+/// Per-stream object behind a filter module pointer: the flow and its configuration.
 // One per stream and boxed once (`filter_new`): boxing the larger variant as well would
 // add an allocation per request to save a stage's stream a few hundred bytes.
 #[allow(clippy::large_enum_variant)]
 enum Filter {
-    Request(RequestFilter),
-    Stage(Stage),
+    Request {
+        plugin: Arc<RequestPlugin>,
+        flow: RequestFlow,
+    },
+    Stage {
+        plugin: Arc<AttemptPlugin>,
+        flow: StageFlow,
+    },
 }
 
 /// Per-config object behind a config module pointer. `Arc`s so that each stream holds
 /// its configuration's parts without a lifetime tied to Envoy's pointer.
 enum Config {
-    Request(Arc<crate::plugin::RequestPlugin>),
-    Attempt(Arc<crate::plugin::AttemptPlugin>),
+    Request(Arc<RequestPlugin>),
+    Attempt(Arc<AttemptPlugin>),
 }
 
 /// The ABI version this module's declarations follow (`abi.h`); Envoy 1.40 loads v0.1
@@ -57,7 +65,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         Ok(Plugin::Request(p)) => Box::into_raw(Box::new(Config::Request(Arc::new(*p)))).cast(),
         Ok(Plugin::Attempt(p)) => Box::into_raw(Box::new(Config::Attempt(Arc::new(p)))).cast(),
         Err(e) => {
-            log(abi::LOG_CRITICAL, &e);
+            log(Level::Critical, &e);
             std::ptr::null()
         }
     }
@@ -164,8 +172,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
 ) -> FilterModulePtr {
     // SAFETY: a live config (Envoy's contract).
     let filter = match unsafe { config_ref(config) } {
-        Config::Request(p) => Filter::Request(RequestFilter::new(p.clone())),
-        Config::Attempt(p) => Filter::Stage(Stage::new(p.clone())),
+        Config::Request(p) => Filter::Request {
+            plugin: p.clone(),
+            flow: RequestFlow::new(),
+        },
+        Config::Attempt(p) => Filter::Stage {
+            plugin: p.clone(),
+            flow: StageFlow::new(),
+        },
     };
     Box::into_raw(Box::new(filter)).cast()
 }
@@ -189,8 +203,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     // SAFETY: Envoy's contract for this hook.
     let (s, f) = unsafe { (Stream::new(envoy), filter_mut(filter)) };
     host::headers_status(match f {
-        Filter::Request(r) => r.on_request_headers(s, end_of_stream),
-        Filter::Stage(st) => st.on_request_headers(s, end_of_stream),
+        Filter::Request { plugin, flow } => flow.on_request_headers(
+            &mut NativeHost::new(s, &plugin.meter),
+            &**plugin,
+            end_of_stream,
+        ),
+        Filter::Stage { plugin, flow } => {
+            flow.on_request_headers(&mut NativeHost::new(s, &plugin.meter), end_of_stream)
+        }
     })
 }
 
@@ -205,8 +225,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     // SAFETY: Envoy's contract for this hook.
     let (s, f) = unsafe { (Stream::new(envoy), filter_mut(filter)) };
     host::body_status(match f {
-        Filter::Request(r) => r.on_request_body(s, end_of_stream),
-        Filter::Stage(st) => st.on_request_body(s, end_of_stream),
+        Filter::Request { plugin, flow } => flow.on_request_body(
+            &mut NativeHost::new(s, &plugin.meter),
+            &**plugin,
+            end_of_stream,
+        ),
+        Filter::Stage { plugin, flow } => {
+            flow.on_request_body(&mut NativeHost::new(s, &plugin.meter), end_of_stream)
+        }
     })
 }
 
@@ -228,8 +254,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 ) -> u32 {
     // SAFETY: Envoy's contract for this hook.
     let (s, f) = unsafe { (Stream::new(envoy), filter_mut(filter)) };
-    if let Filter::Stage(st) = f {
-        st.on_response_headers(s);
+    if let Filter::Stage { plugin, flow } = f {
+        flow.on_response_headers(&mut NativeHost::new(s, &plugin.meter));
     }
     abi::HEADERS_CONTINUE
 }
@@ -244,8 +270,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 ) -> u32 {
     // SAFETY: Envoy's contract for this hook.
     let (s, f) = unsafe { (Stream::new(envoy), filter_mut(filter)) };
-    if let Filter::Stage(st) = f {
-        st.on_response_body(s, end_of_stream);
+    if let Filter::Stage { plugin, flow } = f {
+        flow.on_response_body(&mut NativeHost::new(s, &plugin.meter), end_of_stream);
     }
     abi::BODY_CONTINUE
 }
@@ -267,8 +293,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 ) {
     // SAFETY: Envoy's contract for this hook.
     let (s, f) = unsafe { (Stream::new(envoy), filter_mut(filter)) };
-    if let Filter::Request(r) = f {
-        r.on_stream_complete(s);
+    if let Filter::Request { plugin, flow } = f {
+        flow.on_stream_complete(&mut NativeHost::new(s, &plugin.meter));
     }
 }
 

@@ -7,23 +7,26 @@
 
 use std::ffi::c_char;
 
+use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
+use halo_filter_core::attempt::ATTEMPT_PROPERTY;
+use halo_filter_core::config::IdentitySettings;
+use halo_filter_core::host::{Host, Level, Next, Telemetry};
+use halo_filter_core::jwt::{self, Verified};
+use halo_filter_core::metrics::Counter;
+use halo_filter_core::pipeline::{PrefixEdit, VerifiedClaims};
+
 use crate::abi::{
     self, EnvoyBuffer, EnvoyHeader, FilterConfigEnvoyPtr, FilterEnvoyPtr, ModuleBuffer,
     ModuleHeader,
 };
+use crate::body_edit;
+use crate::plugin::Meter;
+
+const JWT_METADATA: &str = "envoy.filters.http.jwt_authn";
 
 /// One stream's Envoy side, valid for the duration of the hook that made it.
 #[derive(Clone, Copy)]
 pub struct Stream(FilterEnvoyPtr);
-
-/// What a hook answers Envoy.
-pub enum Next {
-    Continue,
-    /// Hold the headers (a local reply was sent, or the body is awaited).
-    Stop,
-    /// Keep the body piece buffered and wait for more.
-    Buffer,
-}
 
 /// The ABI status of a request-headers answer.
 pub fn headers_status(next: Next) -> u32 {
@@ -425,8 +428,8 @@ impl Stream {
     }
 
     /// Add one to counter `id` (defined by this stream's filter config) with `labels`.
-    pub fn increment(self, id: usize, labels: &[&str]) {
-        let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l)).collect();
+    pub fn increment<S: AsRef<str>>(self, id: usize, labels: &[S]) {
+        let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l.as_ref())).collect();
         // SAFETY: live stream; labels outlive the call.
         unsafe {
             abi::envoy_dynamic_module_callback_http_filter_increment_counter(
@@ -494,8 +497,8 @@ impl ConfigHandle {
     }
 
     /// Add `n` to counter `id` with `labels`, outside any stream.
-    pub fn increment(self, id: usize, labels: &[&str], n: u64) {
-        let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l)).collect();
+    pub fn increment<S: AsRef<str>>(self, id: usize, labels: &[S], n: u64) {
+        let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l.as_ref())).collect();
         // SAFETY: live configuration, main thread; labels outlive the call.
         unsafe {
             abi::envoy_dynamic_module_callback_http_filter_config_increment_counter(
@@ -568,7 +571,162 @@ impl Drop for Scheduler {
 }
 
 /// Log through Envoy's `dynamic_modules` logger. Never a header, a body or a user.
-pub fn log(level: u32, message: &str) {
+pub fn log(level: Level, message: &str) {
+    let level = match level {
+        Level::Info => abi::LOG_INFO,
+        Level::Warn => abi::LOG_WARN,
+        Level::Error => abi::LOG_ERROR,
+        Level::Critical => abi::LOG_CRITICAL,
+    };
     // SAFETY: Envoy copies the message; callable from any hook.
     unsafe { abi::envoy_dynamic_module_callback_log(level, buf(message)) }
+}
+
+/// The core's [`Host`] for one stream: its Envoy side and its configuration's counters.
+pub struct NativeHost<'a> {
+    s: Stream,
+    meter: &'a Meter,
+}
+
+impl<'a> NativeHost<'a> {
+    pub fn new(s: Stream, meter: &'a Meter) -> NativeHost<'a> {
+        NativeHost { s, meter }
+    }
+}
+
+impl Telemetry for NativeHost<'_> {
+    fn log(&self, level: Level, message: &str) {
+        log(level, message);
+    }
+
+    /// Request counts go to the tally (handed to Envoy on the next tick); the others,
+    /// rare, to Envoy at once.
+    fn count(&self, counter: Counter<'_>) {
+        let id = self.meter.id(&counter);
+        match counter {
+            Counter::Requests { .. } | Counter::Decisions { .. } | Counter::AuthFailures => {
+                self.meter.tally.add(id, &counter.values());
+            }
+            Counter::KillswitchFetch { .. } | Counter::AttemptRewrites | Counter::Panics => {
+                if let Some(id) = id {
+                    self.s.increment(id, &counter.values());
+                }
+            }
+        }
+    }
+}
+
+impl Host for NativeHost<'_> {
+    /// Envoy hands each body piece once, and an edit of the head can be written into the
+    /// buffered part before the body ends ([`body_edit`]).
+    const PIECEWISE: bool = true;
+
+    fn request_headers(&self) -> Vec<(String, String)> {
+        self.s.request_headers()
+    }
+
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.s.request_header(name)
+    }
+
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
+        self.s.set_request_header(name, value);
+    }
+
+    fn response_header(&self, name: &str) -> Option<String> {
+        self.s.response_header(name)
+    }
+
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
+        self.s.set_response_header(name, value);
+    }
+
+    fn peer_address(&self) -> Option<String> {
+        self.s.source_address()
+    }
+
+    /// The payload jwt_authn forwarded in a header, believed only when jwt_authn's
+    /// metadata says it verified a token on this request ([`halo_filter_core::jwt`]).
+    fn verified_claims(
+        &self,
+        identity: &IdentitySettings,
+        headers: &[(String, String)],
+    ) -> Option<VerifiedClaims> {
+        let verified = self
+            .s
+            .dynamic_metadata_keys(JWT_METADATA)
+            .contains(&identity.jwt_metadata_key);
+        if !verified {
+            return None;
+        }
+        let values: Vec<String> = headers
+            .iter()
+            .filter(|(n, _)| n == jwt::PAYLOAD_HEADER)
+            .map(|(_, v)| v.clone())
+            .collect();
+        match jwt::claims(&values, &identity.user_claim, &identity.groups_claim) {
+            Verified::Claims(c) => Some(c),
+            Verified::None | Verified::Unreadable => None,
+        }
+    }
+
+    fn response_code(&self) -> Option<u32> {
+        self.s.response_code()
+    }
+
+    fn set_attempt_note(&mut self, value: &[u8]) {
+        self.s.set_filter_state(ATTEMPT_PROPERTY, value);
+    }
+
+    fn attempt_note(&self) -> Option<Vec<u8>> {
+        self.s.filter_state(ATTEMPT_PROPERTY)
+    }
+
+    fn endpoint_facts(&self) -> Option<Vec<u8>> {
+        self.s
+            .host_metadata_string(METADATA_NAMESPACE, ENDPOINT_FACTS_KEY)
+    }
+
+    fn refresh_route(&mut self) {
+        self.s.refresh_route();
+    }
+
+    fn send_response(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
+        self.s.send_response(status, headers, body);
+    }
+
+    fn request_body_total(&self, held: usize) -> usize {
+        let received = self.s.request_body_size(Body::Received);
+        // A piece that is an earlier filter's whole buffer is all of it.
+        if self.s.received_is_buffered() {
+            received
+        } else {
+            held + received
+        }
+    }
+
+    fn copy_request_body(&mut self, body: &mut Vec<u8>, _limit: usize) {
+        // The piece of this call; an earlier filter's whole buffer when it resumed (then
+        // it is everything, and what was copied before is in it).
+        if self.s.received_is_buffered() {
+            body.clear();
+        }
+        self.s.copy_request_body(Body::Received, body);
+    }
+
+    fn write_body_edit(&mut self, edit: &PrefixEdit, body: &[u8]) {
+        body_edit::write(self.s, edit, body);
+    }
+
+    fn replace_request_body(&mut self, edit: &PrefixEdit, body: &[u8]) {
+        body_edit::replace(self.s, edit, body);
+    }
+
+    fn response_body(&self) -> Vec<u8> {
+        self.s.received_response_body()
+    }
+
+    fn set_response_body(&mut self, bytes: &[u8]) {
+        self.s.replace_received_response_body(bytes);
+    }
 }

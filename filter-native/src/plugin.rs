@@ -13,11 +13,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use halo_filter::config::{Config, KillSwitchSettings, Plugin as Decoded};
-use halo_filter::killstate::{FetchOutcome, KillState};
+use halo_filter_core::config::{Config, KillSwitchSettings, Plugin as Decoded};
+use halo_filter_core::host::{Level, Telemetry};
+use halo_filter_core::killstate::{Enforced, FetchOutcome};
+use halo_filter_core::metrics::{self, Counter, Definition};
+use halo_filter_core::request::Policy;
 use halo_policy::Snapshot;
 
-use crate::abi;
 use crate::host::{ConfigHandle, Scheduler, log};
 
 /// A filter configuration.
@@ -26,12 +28,38 @@ pub enum Plugin {
     Attempt(AttemptPlugin),
 }
 
-/// Counter ids of one configuration (defined while Envoy builds it: later is too late).
-pub struct Counters {
+/// Counter ids of one configuration (defined while Envoy builds it: later is too late),
+/// and the request counts waiting for the next tick.
+#[derive(Default)]
+pub struct Meter {
     pub requests: Option<usize>,
     pub auth_failures: Option<usize>,
     pub decisions: Option<usize>,
     pub killswitch_fetch: Option<usize>,
+    pub attempt_rewrites: Option<usize>,
+    pub panics: Option<usize>,
+    /// Counts waiting for the next tick.
+    pub tally: Tally,
+}
+
+impl Meter {
+    /// The id of `counter` in this configuration (`None`: not defined here).
+    pub fn id(&self, counter: &Counter<'_>) -> Option<usize> {
+        match counter {
+            Counter::Requests { .. } => self.requests,
+            Counter::AuthFailures => self.auth_failures,
+            Counter::Decisions { .. } => self.decisions,
+            Counter::KillswitchFetch { .. } => self.killswitch_fetch,
+            Counter::AttemptRewrites => self.attempt_rewrites,
+            Counter::Panics => self.panics,
+        }
+    }
+}
+
+fn define(envoy: ConfigHandle, d: Definition) -> Option<usize> {
+    let labels: Vec<String> = d.tags.iter().map(|t| metrics::label(t)).collect();
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    envoy.define_counter(d.name, &labels)
 }
 
 /// Request counts kept in the module and handed to Envoy on each tick (once a second).
@@ -42,19 +70,27 @@ pub struct Tally(Mutex<HashMap<(usize, Vec<String>), u64>>);
 
 impl Tally {
     /// Count one for counter `id` with `labels`.
-    pub fn add(&self, id: Option<usize>, labels: &[&str]) {
+    pub fn add<S: AsRef<str>>(&self, id: Option<usize>, labels: &[S]) {
         let Some(id) = id else { return };
         let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // Looked up by borrowed labels first: no allocation for a combination seen before.
         if let Some(n) = counts
             .iter_mut()
-            .find(|((i, l), _)| *i == id && l.iter().map(String::as_str).eq(labels.iter().copied()))
+            .find(|((i, l), _)| {
+                *i == id
+                    && l.iter()
+                        .map(String::as_str)
+                        .eq(labels.iter().map(AsRef::as_ref))
+            })
             .map(|(_, n)| n)
         {
             *n += 1;
             return;
         }
-        counts.insert((id, labels.iter().map(|l| l.to_string()).collect()), 1);
+        counts.insert(
+            (id, labels.iter().map(|l| l.as_ref().to_string()).collect()),
+            1,
+        );
     }
 
     fn take(&self) -> HashMap<(usize, Vec<String>), u64> {
@@ -66,12 +102,11 @@ impl Tally {
 /// The request filter's configuration.
 pub struct RequestPlugin {
     pub cfg: Config,
-    pub counters: Counters,
-    /// The snapshot with the kill list in force applied, swapped when a list is accepted.
+    pub meter: Meter,
+    /// The snapshot with the kill list in force applied, swapped when a list is accepted
+    /// (read by every request: a read lock, apart from the kill state's).
     effective: RwLock<Arc<Snapshot>>,
-    kill: Mutex<KillState>,
-    /// Counts waiting for the next tick.
-    pub tally: Tally,
+    kill: Mutex<Enforced>,
     /// Stopped when Envoy destroys the configuration, even while streams still hold it.
     ticker: Mutex<Option<Ticker>>,
     poll: Mutex<PollState>,
@@ -86,7 +121,7 @@ struct PollState {
 
 /// The per-attempt stage's configuration.
 pub struct AttemptPlugin {
-    pub rewrites: Option<usize>,
+    pub meter: Meter,
 }
 
 /// The event the ticker thread schedules on the main thread.
@@ -129,47 +164,60 @@ impl Plugin {
         let cfg = match Decoded::from_bytes_with_env(bytes, &env).map_err(|e| e.to_string())? {
             Decoded::Attempt => {
                 return Ok(Plugin::Attempt(AttemptPlugin {
-                    rewrites: envoy.define_counter("attempt_rewrites", &[]),
+                    meter: Meter {
+                        attempt_rewrites: define(envoy, metrics::ATTEMPT_REWRITES),
+                        panics: define(envoy, metrics::PANICS),
+                        ..Meter::default()
+                    },
                 }));
             }
             Decoded::Request(cfg) => *cfg,
         };
-        let counters = Counters {
-            requests: envoy
-                .define_counter("requests", &["halo_ring", "halo_variant", "halo_status"]),
-            auth_failures: envoy.define_counter("auth_failures", &[]),
-            decisions: envoy
-                .define_counter("decisions", &["halo_ring", "halo_variant", "halo_source"]),
-            killswitch_fetch: envoy.define_counter("killswitch_fetch", &["halo_outcome"]),
+        let meter = Meter {
+            requests: define(envoy, metrics::REQUESTS),
+            auth_failures: define(envoy, metrics::AUTH_FAILURES),
+            decisions: define(envoy, metrics::DECISIONS),
+            killswitch_fetch: define(envoy, metrics::KILLSWITCH_FETCH),
+            panics: define(envoy, metrics::PANICS),
+            ..Meter::default()
         };
-        for warning in cfg.start_warnings() {
-            log(abi::LOG_ERROR, &warning);
-        }
-        let (kill, pushed) = KillState::at_start(&cfg, now_secs());
+        let start = Starting {
+            envoy,
+            meter: &meter,
+        };
+        let enforced = Enforced::start(&cfg, now_secs(), &start);
         let plugin = RequestPlugin {
-            effective: RwLock::new(Arc::new(kill.effective(&cfg.snapshot))),
-            kill: Mutex::new(kill),
-            tally: Tally::default(),
+            effective: RwLock::new(enforced.effective().clone()),
+            kill: Mutex::new(enforced),
             ticker: Mutex::new(None),
             poll: Mutex::new(PollState {
                 next: Instant::now(),
                 inflight: None,
             }),
             envoy,
-            counters,
+            meter,
             cfg,
         };
-        if let Some(outcome) = pushed {
-            if outcome != FetchOutcome::Accepted {
-                log(
-                    abi::LOG_ERROR,
-                    &format!("halo: pushed kill list refused: {}", outcome.as_str()),
-                );
-            }
-            plugin.count_fetch(outcome);
-        }
         *plugin.ticker.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ticker::start(envoy));
         Ok(Plugin::Request(Box::new(plugin)))
+    }
+}
+
+/// Logs and counts of a configuration being built (before its [`RequestPlugin`] exists).
+struct Starting<'a> {
+    envoy: ConfigHandle,
+    meter: &'a Meter,
+}
+
+impl Telemetry for Starting<'_> {
+    fn log(&self, level: Level, message: &str) {
+        log(level, message);
+    }
+
+    fn count(&self, counter: Counter<'_>) {
+        if let Some(id) = self.meter.id(&counter) {
+            self.envoy.increment(id, &counter.values(), 1);
+        }
     }
 }
 
@@ -208,33 +256,17 @@ impl RequestPlugin {
         drop(ticker);
     }
 
-    /// The snapshot in force for a new request.
-    pub fn effective(&self) -> Arc<Snapshot> {
-        self.effective
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// True when the kill switch is configured with an unusable key.
-    pub fn misconfigured(&self) -> bool {
-        self.cfg
-            .kill_switch
-            .as_ref()
-            .is_some_and(|k| k.key.is_err())
-    }
-
-    fn count_fetch(&self, outcome: FetchOutcome) {
-        if let Some(id) = self.counters.killswitch_fetch {
-            self.envoy.increment(id, &[outcome.as_str()], 1);
+    fn telemetry(&self) -> Starting<'_> {
+        Starting {
+            envoy: self.envoy,
+            meter: &self.meter,
         }
     }
 
     /// A tick (main thread): hand the counts to Envoy, and poll the kill list when due
     /// and no poll is in flight.
     pub fn on_tick(&self) {
-        for ((id, labels), n) in self.tally.take() {
-            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        for ((id, labels), n) in self.meter.tally.take() {
             self.envoy.increment(id, &labels, n);
         }
         let Some(ks) = self.cfg.kill_switch.as_ref().filter(|k| k.key.is_ok()) else {
@@ -248,7 +280,9 @@ impl RequestPlugin {
         poll.next = now + Duration::from_secs(u64::from(ks.interval_secs.max(1)));
         match self.call_out(ks) {
             Some(id) => poll.inflight = Some(id),
-            None => self.count_fetch(FetchOutcome::HttpError),
+            None => self.telemetry().count(Counter::KillswitchFetch {
+                outcome: FetchOutcome::HttpError.as_str(),
+            }),
         }
     }
 
@@ -275,26 +309,25 @@ impl RequestPlugin {
             }
             poll.inflight = None;
         }
-        let Some(Ok(key)) = self.cfg.kill_switch.as_ref().map(|k| k.key.clone()) else {
-            return;
-        };
         let mut kill = self.kill.lock().unwrap_or_else(|e| e.into_inner());
-        let outcome = kill.on_fetch(status, body, &key, now_secs());
-        if outcome != FetchOutcome::Accepted && outcome != FetchOutcome::Unchanged {
-            // The outcome only: never the body or the token.
-            log(
-                abi::LOG_WARN,
-                &format!(
-                    "halo: kill list poll refused: {}; keeping the list in force",
-                    outcome.as_str()
-                ),
-            );
-        }
-        self.count_fetch(outcome);
-        if outcome == FetchOutcome::Accepted {
-            let next = Arc::new(kill.effective(&self.cfg.snapshot));
+        if kill.on_poll_answer(&self.cfg, status, body, now_secs(), &self.telemetry()) {
+            let next = kill.effective().clone();
             *self.effective.write().unwrap_or_else(|e| e.into_inner()) = next;
         }
+    }
+}
+
+impl Policy for RequestPlugin {
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The snapshot in force for a new request.
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.effective
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

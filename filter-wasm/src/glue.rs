@@ -1,29 +1,25 @@
-//! The proxy-wasm trait impls (wasm32 only). Read Envoy state, call the pure modules,
+//! The proxy-wasm trait impls (wasm32 only). Read Envoy state, call the core flows,
 //! write Envoy state. No decisions here.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
+use halo_filter_core::attempt::ATTEMPT_PROPERTY;
+use halo_filter_core::config::{Config, IdentitySettings, Plugin};
+use halo_filter_core::host::{Host, Level, Next, Telemetry};
+use halo_filter_core::killstate::{Enforced, FetchOutcome};
+use halo_filter_core::metrics::Counter;
+use halo_filter_core::pipeline::{PrefixEdit, VerifiedClaims};
+use halo_filter_core::request::{self, Policy, RequestFlow};
+use halo_filter_core::stage::StageFlow;
 use halo_policy::Snapshot;
-use halo_policy::admit;
-use halo_policy::body_scan::Incremental;
-use halo_policy::cluster_names::EndpointFacts;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType};
-
-use crate::attempt::{self, ATTEMPT_PROPERTY, Note, Work};
-use crate::cidr;
-use crate::config::{Config, IdentityMode, Plugin};
-use crate::hygiene;
-use crate::killstate::{FetchOutcome, KillState};
-use crate::metrics;
-use crate::pipeline::{self, Forward, Head, Pending, Reply, VerifiedClaims};
-use halo_providers::ResponseConversion;
-use halo_providers::eventstream::EventStreamToSse;
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
 
 /// Shared-data keys (one VM id is shared by every worker's copy of the plugin).
 const SHARED_ENVELOPE: &str = "halo.killswitch.envelope";
@@ -35,22 +31,29 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-/// Per-VM state shared by the root context and this worker's HTTP contexts.
-struct State {
-    cfg: Config,
-    kill: KillState,
-    /// The snapshot with the held kill list applied.
-    effective: Rc<Snapshot>,
-    metric_ids: HashMap<String, u32>,
-}
+/// This VM's metric ids by name (a name is defined once per VM).
+#[derive(Default)]
+struct Metrics(RefCell<HashMap<String, u32>>);
 
-impl State {
-    fn count(&mut self, name: String) {
-        let id = match self.metric_ids.get(&name) {
-            Some(id) => *id,
+impl Telemetry for Metrics {
+    fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Info => LogLevel::Info,
+            Level::Warn => LogLevel::Warn,
+            Level::Error => LogLevel::Error,
+            Level::Critical => LogLevel::Critical,
+        };
+        let _ = hostcalls::log(level, message);
+    }
+
+    fn count(&self, counter: Counter<'_>) {
+        let name = counter.dotted();
+        let known = self.0.borrow().get(&name).copied();
+        let id = match known {
+            Some(id) => id,
             None => match hostcalls::define_metric(MetricType::Counter, &name) {
                 Ok(id) => {
-                    self.metric_ids.insert(name, id);
+                    self.0.borrow_mut().insert(name, id);
                     id
                 }
                 Err(_) => return,
@@ -58,12 +61,21 @@ impl State {
         };
         let _ = hostcalls::increment_metric(id, 1);
     }
+}
 
-    fn misconfigured(&self) -> bool {
-        self.cfg
-            .kill_switch
-            .as_ref()
-            .is_some_and(|k| k.key.is_err())
+/// Per-VM state shared by the root context and this worker's HTTP contexts.
+struct State {
+    cfg: Config,
+    enforced: Enforced,
+}
+
+impl Policy for State {
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.enforced.effective().clone()
     }
 }
 
@@ -72,11 +84,10 @@ type Shared = Rc<RefCell<Option<State>>>;
 #[derive(Default)]
 struct Root {
     state: Shared,
+    metrics: Rc<Metrics>,
     inflight: Option<u32>,
     /// This instance is the per-attempt stage (an upstream filter), not the request filter.
     attempt_stage: bool,
-    /// The stage's counter of attempts that got another target's model.
-    attempt_rewrites: Option<u32>,
 }
 
 fn now_ms() -> i64 {
@@ -112,11 +123,7 @@ fn vm_env(name: &str) -> Option<String> {
         }
         buf
     };
-    crate::config::env_entry(&buf, name)
-}
-
-fn log(level: LogLevel, message: &str) {
-    let _ = hostcalls::log(level, message);
+    halo_filter_core::config::env_entry(&buf, name)
 }
 
 impl Context for Root {
@@ -139,31 +146,19 @@ impl Context for Root {
             .unwrap_or_default();
         let mut guard = self.state.borrow_mut();
         let Some(state) = guard.as_mut() else { return };
-        let Some(Ok(key)) = state.cfg.kill_switch.as_ref().map(|k| k.key.clone()) else {
-            return;
-        };
-        let outcome = state.kill.on_fetch(status, &body, &key, now_ms() / 1000);
-        if outcome != FetchOutcome::Accepted && outcome != FetchOutcome::Unchanged {
-            // The outcome only: never the body or the token.
-            log(
-                LogLevel::Warn,
-                &format!(
-                    "halo: kill list poll refused: {}; keeping the list in force",
-                    outcome.as_str()
-                ),
-            );
-        }
-        state.count(metrics::killswitch_fetch(outcome.as_str()));
-        if outcome == FetchOutcome::Accepted {
-            state.effective = Rc::new(state.kill.effective(&state.cfg.snapshot));
-        }
-        publish(state, &key);
+        state
+            .enforced
+            .on_poll_answer(&state.cfg, status, &body, now_ms() / 1000, &*self.metrics);
+        publish(state);
     }
 }
 
 /// Make the shared envelope at least as new as the one this worker holds.
-fn publish(state: &State, key: &ed25519_compact::PublicKey) {
-    let Some(held) = state.kill.held() else {
+fn publish(state: &State) {
+    let Some(Ok(key)) = state.cfg.kill_switch.as_ref().map(|k| &k.key) else {
+        return;
+    };
+    let Some(held) = state.enforced.held() else {
         return;
     };
     let (shared, cas) = hostcalls::get_shared_data(SHARED_ENVELOPE).unwrap_or((None, None));
@@ -188,42 +183,19 @@ impl RootContext for Root {
             Ok(Plugin::Request(cfg)) => *cfg,
             Ok(Plugin::Attempt) => {
                 self.attempt_stage = true;
-                self.attempt_rewrites =
-                    hostcalls::define_metric(MetricType::Counter, &metrics::attempt_rewrites())
-                        .ok();
                 return true;
             }
             Err(e) => {
-                log(LogLevel::Critical, &e.to_string());
+                self.metrics.log(Level::Critical, &e.to_string());
                 return false;
             }
         };
         if cfg.kill_switch.as_ref().is_some_and(|k| k.key.is_ok()) {
             self.set_tick_period(Duration::from_secs(1));
         }
-        for warning in cfg.start_warnings() {
-            log(LogLevel::Error, &warning);
-        }
-        let (kill, pushed) = KillState::at_start(&cfg, now_ms() / 1000);
-        let effective = Rc::new(kill.effective(&cfg.snapshot));
-        let mut state = State {
-            cfg,
-            kill,
-            effective,
-            metric_ids: HashMap::new(),
-        };
-        if let Some(outcome) = pushed {
-            if outcome != FetchOutcome::Accepted {
-                log(
-                    LogLevel::Error,
-                    &format!("halo: pushed kill list refused: {}", outcome.as_str()),
-                );
-            }
-            state.count(metrics::killswitch_fetch(outcome.as_str()));
-            if let Some(Ok(key)) = state.cfg.kill_switch.as_ref().map(|k| k.key.clone()) {
-                publish(&state, &key);
-            }
-        }
+        let enforced = Enforced::start(&cfg, now_ms() / 1000, &*self.metrics);
+        let state = State { cfg, enforced };
+        publish(&state);
         *self.state.borrow_mut() = Some(state);
         true
     }
@@ -231,15 +203,12 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         let mut guard = self.state.borrow_mut();
         let Some(state) = guard.as_mut() else { return };
-        let Some(ks) = state.cfg.kill_switch.clone() else {
+        let Some(ks) = state.cfg.kill_switch.clone().filter(|k| k.key.is_ok()) else {
             return;
         };
-        let Ok(key) = &ks.key else { return };
         // Adopt what another worker accepted.
-        if let Ok((Some(bytes), _)) = hostcalls::get_shared_data(SHARED_ENVELOPE)
-            && state.kill.adopt(&bytes, key)
-        {
-            state.effective = Rc::new(state.kill.effective(&state.cfg.snapshot));
+        if let Ok((Some(bytes), _)) = hostcalls::get_shared_data(SHARED_ENVELOPE) {
+            state.enforced.adopt(&state.cfg, &bytes);
         }
         if self.inflight.is_some() {
             return;
@@ -268,28 +237,23 @@ impl RootContext for Root {
         ];
         match self.dispatch_http_call(&ks.cluster, headers, None, vec![], Duration::from_secs(5)) {
             Ok(token) => self.inflight = Some(token),
-            Err(_) => state.count(metrics::killswitch_fetch(FetchOutcome::HttpError.as_str())),
+            Err(_) => self.metrics.count(Counter::KillswitchFetch {
+                outcome: FetchOutcome::HttpError.as_str(),
+            }),
         }
     }
 
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
         if self.attempt_stage {
             return Some(Box::new(Attempt {
-                rewrites: self.attempt_rewrites,
-                note: None,
-                work: Work::None,
-                convert: None,
+                metrics: self.metrics.clone(),
+                flow: StageFlow::new(),
             }));
         }
         Some(Box::new(Http {
             state: self.state.clone(),
-            pending: None,
-            headers: Vec::new(),
-            body: Vec::new(),
-            scan: None,
-            removals: Vec::new(),
-            ring: None,
-            variant: None,
+            metrics: self.metrics.clone(),
+            flow: RequestFlow::new(),
         }))
     }
 
@@ -298,52 +262,84 @@ impl RootContext for Root {
     }
 }
 
-struct Http {
-    state: Shared,
-    pending: Option<Pending>,
-    /// The request headers as they reached this filter, names lowercase.
-    headers: Vec<(String, String)>,
-    /// The body received so far. Envoy hands it over in pieces while it arrives; each
-    /// piece is copied in and scanned then, so when the last byte is in only the last
-    /// piece is left to scan (the scan overlaps the upload).
-    body: Vec<u8>,
-    /// The scan of `body`, for requests whose body admit reads.
-    scan: Option<Incremental>,
-    removals: Vec<String>,
-    ring: Option<String>,
-    variant: Option<String>,
+/// The [`Host`] of the context Envoy is running (host calls act on it).
+struct WasmHost<'a> {
+    metrics: &'a Metrics,
+    /// The body size the current body hook reported: what Envoy holds so far.
+    body_size: usize,
 }
 
-impl Http {
-    fn reply(&mut self, reply: Reply) -> Action {
-        if reply.reason == "auth"
-            && let Some(state) = self.state.borrow_mut().as_mut()
-        {
-            state.count(metrics::auth_failures());
-        }
-        let headers: Vec<(&str, &str)> = reply
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()))
-            .collect();
-        self.send_http_response(u32::from(reply.status), headers, Some(&reply.body));
-        Action::Pause
+impl WasmHost<'_> {
+    fn header(map: MapType, name: &str) -> Option<String> {
+        hostcalls::get_map_value(map, name).ok().flatten()
     }
 
-    fn claims(&self, cfg: &Config) -> Option<VerifiedClaims> {
+    fn property(path: Vec<&str>) -> Option<Vec<u8>> {
+        hostcalls::get_property(path).ok().flatten()
+    }
+}
+
+impl Telemetry for WasmHost<'_> {
+    fn log(&self, level: Level, message: &str) {
+        self.metrics.log(level, message);
+    }
+
+    fn count(&self, counter: Counter<'_>) {
+        self.metrics.count(counter);
+    }
+}
+
+impl Host for WasmHost<'_> {
+    /// Envoy keeps the body while the filter pauses, readable and editable at offsets.
+    const PIECEWISE: bool = false;
+
+    fn request_headers(&self) -> Vec<(String, String)> {
+        hostcalls::get_map(MapType::HttpRequestHeaders)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(n, v)| (n.to_ascii_lowercase(), v))
+            .collect()
+    }
+
+    fn request_header(&self, name: &str) -> Option<String> {
+        Self::header(MapType::HttpRequestHeaders, name)
+    }
+
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
+        let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value);
+    }
+
+    fn response_header(&self, name: &str) -> Option<String> {
+        Self::header(MapType::HttpResponseHeaders, name)
+    }
+
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
+        let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value);
+    }
+
+    fn peer_address(&self) -> Option<String> {
+        Self::property(vec!["source", "address"]).and_then(|b| String::from_utf8(b).ok())
+    }
+
+    /// jwt_authn's verified payload, read from its dynamic metadata.
+    fn verified_claims(
+        &self,
+        identity: &IdentitySettings,
+        _headers: &[(String, String)],
+    ) -> Option<VerifiedClaims> {
         let claim = |name: &str| {
-            self.get_property(vec![
+            Self::property(vec![
                 "metadata",
                 "filter_metadata",
                 JWT_METADATA,
-                &cfg.identity.jwt_metadata_key,
+                &identity.jwt_metadata_key,
                 name,
             ])
         };
-        let user = claim(&cfg.identity.user_claim).and_then(|b| String::from_utf8(b).ok())?;
+        let user = claim(&identity.user_claim).and_then(|b| String::from_utf8(b).ok())?;
         let email_verified = claim("email_verified").map(|b| b == [1] || b == b"true");
-        let groups = claim(&cfg.identity.groups_claim)
-            .map(|b| crate::claims::parse_string_list(&b))
+        let groups = claim(&identity.groups_claim)
+            .map(|b| halo_filter_core::claims::parse_string_list(&b))
             .unwrap_or_default();
         Some(VerifiedClaims {
             user: Some(user),
@@ -352,441 +348,181 @@ impl Http {
         })
     }
 
-    /// The body-time step and writing its result into the request.
-    fn finish(&mut self, body: &[u8]) -> Action {
-        let Some(pending) = self.pending.take() else {
-            return Action::Continue;
-        };
-        let scanned = self.scan.take().map(|scan| scan.finish(body));
-        let shared = self.state.clone();
-        let result = match shared.borrow().as_ref() {
-            None => Err(unavailable()),
-            Some(state) => {
-                let snap = state.effective.clone();
-                pipeline::on_body(&state.cfg, &snap, &pending, body, scanned)
-                    .map(|f| (f, state.misconfigured()))
-            }
-        };
-        match result {
-            Err(reply) => self.reply(reply),
-            Ok((forward, misconfigured)) => {
-                self.apply(forward, misconfigured);
-                Action::Continue
-            }
+    fn response_code(&self) -> Option<u32> {
+        Self::property(vec!["response", "code"])
+            .and_then(|b| b.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()))
+            .map(u64::from_le_bytes)
+            .and_then(|c| u32::try_from(c).ok())
+    }
+
+    fn set_attempt_note(&mut self, value: &[u8]) {
+        let _ = hostcalls::set_property(vec![ATTEMPT_PROPERTY], Some(value));
+    }
+
+    fn attempt_note(&self) -> Option<Vec<u8>> {
+        Self::property(vec![ATTEMPT_PROPERTY])
+    }
+
+    fn endpoint_facts(&self) -> Option<Vec<u8>> {
+        Self::property(vec![
+            "xds",
+            "upstream_host_metadata",
+            "filter_metadata",
+            METADATA_NAMESPACE,
+            ENDPOINT_FACTS_KEY,
+        ])
+    }
+
+    /// Nothing to do: Envoy's wasm filter clears the route cache itself whenever a
+    /// request header changes.
+    fn refresh_route(&mut self) {}
+
+    fn send_response(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let _ = hostcalls::send_http_response(u32::from(status), headers, Some(body));
+    }
+
+    fn request_body_total(&self, _held: usize) -> usize {
+        self.body_size
+    }
+
+    fn copy_request_body(&mut self, body: &mut Vec<u8>, limit: usize) {
+        let upto = self.body_size.min(limit);
+        if upto <= body.len() {
+            return;
+        }
+        let more =
+            hostcalls::get_buffer(BufferType::HttpRequestBody, body.len(), upto - body.len())
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+        if body.is_empty() {
+            *body = more;
+        } else {
+            body.extend_from_slice(&more);
         }
     }
 
-    fn apply(&mut self, mut forward: Forward, misconfigured: bool) {
-        for name in hygiene::to_remove(&self.removals, &self.headers, &forward.stamps) {
-            self.set_http_request_header(name, None);
-        }
-        if let Some(path) = &forward.path {
-            self.set_http_request_header(":path", Some(path));
-        }
-        if let Some(edit) = &forward.body {
-            // At offset 0 Envoy drains `drop` bytes and prepends: the rest stays put.
-            self.set_http_request_body(0, edit.drop, &edit.prefix);
-            if edit.prefix.len() != edit.drop {
-                // The whole body is here, so its new length is known: keep the upstream
-                // request framed by length (a chunked one costs Envoy and the provider
-                // more). Without a length the client sent it chunked, and so does Envoy.
-                let length = pipeline::content_length(&self.headers).map(|len| {
-                    (len + edit.prefix.len() as u64)
-                        .saturating_sub(edit.drop as u64)
-                        .to_string()
-                });
-                self.set_http_request_header("content-length", length.as_deref());
-            }
-        }
-        if let Some(mut note) = forward.attempt_note.take() {
-            // Every attempt starts from the client's values of the headers a translation
-            // changes: an earlier attempt's changes stay in the shared header map.
-            // The client's credentials are still here only with forwardAuth (hygiene
-            // removed them otherwise): noted so each pass-through attempt gets them back.
-            // Read from the headers kept at request-headers time, less what hygiene removed:
-            // nothing else changes them in between, and each read from Envoy is a call.
-            note.headers = attempt::noted_headers(&self.headers, &self.removals);
-            self.set_property(
-                vec![ATTEMPT_PROPERTY],
-                Some(&note.encode(forward.first_pick.as_ref())),
-            );
-        }
-        for (name, value) in &forward.stamps {
-            self.set_http_request_header(name, Some(value));
-        }
-        if misconfigured {
-            self.set_http_request_header(
-                hygiene::KILLSWITCH,
-                Some(hygiene::KILLSWITCH_MISCONFIGURED),
-            );
-        }
-        if let Some(d) = &forward.decision
-            && let Some(state) = self.state.borrow_mut().as_mut()
-        {
-            state.count(metrics::decisions(
-                &d.ring,
-                forward.variant.as_deref(),
-                d.source.as_str(),
-            ));
-        }
-        self.ring = Some(forward.ring);
-        self.variant = forward.variant;
+    /// At offset 0 Envoy drains `drop` bytes and prepends: the rest stays put.
+    fn write_body_edit(&mut self, edit: &PrefixEdit, _body: &[u8]) {
+        let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, edit.drop, &edit.prefix);
+    }
+
+    fn replace_request_body(&mut self, edit: &PrefixEdit, body: &[u8]) {
+        let _ = hostcalls::set_buffer(
+            BufferType::HttpRequestBody,
+            0,
+            self.body_size,
+            &edit.apply(body),
+        );
+    }
+
+    fn response_body(&self) -> Vec<u8> {
+        hostcalls::get_buffer(BufferType::HttpResponseBody, 0, self.body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    fn set_response_body(&mut self, bytes: &[u8]) {
+        let _ = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, self.body_size, bytes);
     }
 }
 
-fn unavailable() -> Reply {
-    Reply {
-        status: 503,
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: br#"{"type":"error","error":{"type":"policy_unavailable","message":"the halo filter has no policy"}}"#.to_vec(),
-        reason: "config",
+fn action(next: Next) -> Action {
+    match next {
+        Next::Continue => Action::Continue,
+        Next::Stop | Next::Buffer => Action::Pause,
     }
+}
+
+/// The request filter on one request.
+struct Http {
+    state: Shared,
+    metrics: Rc<Metrics>,
+    flow: RequestFlow,
 }
 
 impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num: usize, end_of_stream: bool) -> Action {
-        let headers: Vec<(String, String)> = self
-            .get_http_request_headers()
-            .into_iter()
-            .map(|(n, v)| (n.to_ascii_lowercase(), v))
-            .collect();
-        let shared = self.state.clone();
-        let guard = shared.borrow();
-        let head_result = if let Some(state) = guard.as_ref() {
-            let cfg = &state.cfg;
-            let claims = (cfg.identity.mode == Some(IdentityMode::Jwt))
-                .then(|| self.claims(cfg))
-                .flatten();
-            // Only trusted_header mode looks at the peer: no property call otherwise.
-            let peer = (cfg.identity.mode == Some(IdentityMode::TrustedHeader))
-                .then(|| self.get_property(vec!["source", "address"]))
-                .flatten()
-                .and_then(|b| String::from_utf8(b).ok())
-                .and_then(|a| cidr::peer_ip(&a));
-            let head = Head::new(&headers, peer, claims);
-            self.removals = hygiene::removals(cfg, &headers);
-            pipeline::on_head(cfg, &head)
-        } else {
-            Err(unavailable())
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size: 0,
         };
-        drop(guard);
-        self.headers = headers;
-        match head_result {
-            Err(reply) => self.reply(reply),
-            Ok(pending) => {
-                if admit::body_carries_model(&pending.method, &pending.path) {
-                    self.scan = Some(Incremental::new());
-                }
-                self.pending = Some(pending);
-                if end_of_stream {
-                    self.finish(&[])
-                } else {
-                    Action::Pause
-                }
-            }
-        }
+        let guard = self.state.borrow();
+        let next = match guard.as_ref() {
+            Some(state) => self
+                .flow
+                .on_request_headers(&mut host, state, end_of_stream),
+            None => self.flow.reply(&mut host, request::unavailable()),
+        };
+        action(next)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.pending.is_none() {
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size,
+        };
+        let guard = self.state.borrow();
+        let Some(state) = guard.as_ref() else {
             return Action::Continue;
-        }
-        let max = self
-            .state
-            .borrow()
-            .as_ref()
-            .map_or(0, |s| s.cfg.max_body_bytes);
-        if u64::try_from(body_size).unwrap_or(u64::MAX) > max {
-            self.pending = None;
-            return self.reply(Reply::too_large(max));
-        }
-        // Envoy reports everything it holds so far: copy in only what is new.
-        if body_size > self.body.len() {
-            let more = self
-                .get_http_request_body(self.body.len(), body_size - self.body.len())
-                .unwrap_or_default();
-            // Grown as the bytes arrive, never from the announced length: a client could
-            // announce maxBodyBytes and send nothing.
-            if self.body.is_empty() {
-                self.body = more;
-            } else {
-                self.body.extend_from_slice(&more);
-            }
-        }
-        if !end_of_stream {
-            if let Some(scan) = self.scan.as_mut()
-                && scan.feed(&self.body).is_err()
-            {
-                // Invalid already, whatever follows: admit refuses it with the scan's
-                // reason (the error sticks), without waiting for the rest.
-                let body = std::mem::take(&mut self.body);
-                return self.finish(&body);
-            }
-            return Action::Pause;
-        }
-        let body = std::mem::take(&mut self.body);
-        self.finish(&body)
+        };
+        action(self.flow.on_request_body(&mut host, state, end_of_stream))
     }
 
     fn on_log(&mut self) {
-        let status = self
-            .get_property(vec!["response", "code"])
-            .and_then(|b| {
-                b.get(..8)
-                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-            })
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(0);
-        let ring = self
-            .ring
-            .clone()
-            .unwrap_or_else(|| halo_policy::decide::UNKNOWN_RING.to_string());
-        if let Some(state) = self.state.borrow_mut().as_mut() {
-            state.count(metrics::requests(&ring, self.variant.as_deref(), status));
-        }
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size: 0,
+        };
+        self.flow.on_stream_complete(&mut host);
     }
 }
 
-/// The per-attempt stage on one upstream attempt (see [`crate::attempt`]).
+/// The per-attempt stage on one upstream attempt (see halo-filter-core's `attempt`).
 struct Attempt {
-    rewrites: Option<u32>,
-    note: Option<Note>,
-    /// What waits for the body.
-    work: Work,
-    /// The Bedrock event stream to SSE conversion of this attempt's answer.
-    convert: Option<EventStreamToSse>,
+    metrics: Rc<Metrics>,
+    flow: StageFlow,
 }
 
 impl Context for Attempt {}
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _num: usize, end_of_stream: bool) -> Action {
-        let Some(value) = self.get_property(vec![ATTEMPT_PROPERTY]) else {
-            return Action::Continue;
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size: 0,
         };
-        let facts = self.get_property(vec![
-            "xds",
-            "upstream_host_metadata",
-            "filter_metadata",
-            METADATA_NAMESPACE,
-            ENDPOINT_FACTS_KEY,
-        ]);
-        // The first pick's attempt, as the request filter left it: nothing to do, and
-        // nothing to decode.
-        let path = self.get_http_request_header(":path");
-        if attempt::passes_as_left(&value, facts.as_deref(), path.as_deref()) {
-            return Action::Continue;
-        }
-        let Some(note) = Note::decode(&value) else {
-            return Action::Continue;
-        };
-        let facts = facts.and_then(|b| EndpointFacts::decode(&b));
-        let plan = attempt::plan(&note, facts.as_ref());
-        if let Work::Skip(skip) = &plan.work {
-            return self.skip(skip);
-        }
-        if plan.keeps_filtered_request(&note) && path.as_deref() == Some(note.path.as_str()) {
-            return Action::Continue;
-        }
-        for (name, value) in &plan.restore {
-            self.set_http_request_header(name, value.as_deref());
-        }
-        if path.as_deref() != Some(plan.path.as_str()) {
-            self.set_http_request_header(":path", Some(&plan.path));
-            if plan.path != note.path {
-                self.counted();
-            }
-        }
-        if let Some(authority) = &plan.authority {
-            self.set_http_request_header(":authority", Some(authority));
-        }
-        self.remove_headers(&plan.remove, &plan.remove_prefixes);
-        self.note = Some(note);
-        self.work = plan.work;
-        match &self.work {
-            Work::None | Work::Skip(_) => Action::Continue,
-            Work::Splice { .. } if end_of_stream => Action::Continue,
-            Work::Splice { .. } => {
-                // The length changes: Envoy sends the rewritten body chunked.
-                self.set_http_request_header("content-length", None);
-                Action::Pause
-            }
-            Work::Translate { .. } if end_of_stream => {
-                if self.translate_body(0) {
-                    Action::Continue
-                } else {
-                    Action::Pause
-                }
-            }
-            Work::Translate { .. } => Action::Pause,
-        }
+        action(self.flow.on_request_headers(&mut host, end_of_stream))
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if matches!(self.work, Work::None | Work::Skip(_)) {
-            return Action::Continue;
-        }
-        if !end_of_stream {
-            return Action::Pause;
-        }
-        match std::mem::replace(&mut self.work, Work::None) {
-            Work::Splice { start, end, model } => {
-                // The model sits in the head: only that crosses the wasm boundary.
-                let head = self
-                    .get_http_request_body(0, end.min(body_size))
-                    .unwrap_or_default();
-                if let Some(edit) = attempt::rewrite_head(&head, start, end, &model) {
-                    self.set_http_request_body(0, edit.drop, &edit.prefix);
-                    self.counted();
-                } else {
-                    log(
-                        LogLevel::Warn,
-                        "halo: per-attempt stage: the model is not where the request filter noted it; attempt sent as is",
-                    );
-                }
-                Action::Continue
-            }
-            work @ Work::Translate { .. } => {
-                self.work = work;
-                if self.translate_body(body_size) {
-                    Action::Continue
-                } else {
-                    Action::Pause
-                }
-            }
-            Work::None | Work::Skip(_) => Action::Continue,
-        }
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size,
+        };
+        action(self.flow.on_request_body(&mut host, end_of_stream))
     }
 
     fn on_http_response_headers(&mut self, _num: usize, _end_of_stream: bool) -> Action {
-        if self.convert.is_none() {
-            return Action::Continue;
-        }
-        let status = self.get_http_response_header(":status");
-        let content_type = self.get_http_response_header("content-type");
-        if !attempt::converts_answer(status.as_deref(), content_type.as_deref()) {
-            // An error answer (JSON) goes to the client as Bedrock wrote it.
-            self.convert = None;
-            return Action::Continue;
-        }
-        self.set_http_response_header("content-type", Some("text/event-stream"));
-        self.set_http_response_header("content-length", None);
-        Action::Continue
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size: 0,
+        };
+        action(self.flow.on_response_headers(&mut host))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.convert.is_none() {
-            return Action::Continue;
-        }
-        let chunk = self
-            .get_http_response_body(0, body_size)
-            .unwrap_or_default();
-        let Some(conv) = self.convert.as_mut() else {
-            return Action::Continue;
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size,
         };
-        let mut out = match attempt::convert_piece(conv, &chunk) {
-            Ok(sse) => sse,
-            Err((sse, why)) => {
-                self.convert = None;
-                log(
-                    LogLevel::Warn,
-                    &format!("halo: per-attempt stage: Bedrock event stream unreadable: {why}"),
-                );
-                sse
-            }
-        };
-        if end_of_stream && let Some(conv) = self.convert.take() {
-            out.extend(attempt::finish_conversion(&conv));
-        }
-        // Each chunk is replaced by the events it completed: streaming stays incremental.
-        self.set_http_response_body(0, body_size, &out);
-        Action::Continue
-    }
-}
-
-impl Attempt {
-    fn counted(&self) {
-        if let Some(id) = self.rewrites {
-            let _ = hostcalls::increment_metric(id, 1);
-        }
-    }
-
-    /// Answer 502 bad_upstream for a target that cannot serve the request.
-    fn skip(&mut self, skip: &halo_providers::Skip) -> Action {
-        log(
-            LogLevel::Info,
-            &format!("halo: per-attempt stage: target skipped: {skip}"),
-        );
-        self.send_http_response(
-            502,
-            vec![("content-type", "application/json")],
-            Some(&attempt::skip_reply(skip)),
-        );
-        Action::Pause
-    }
-
-    fn remove_headers(&self, names: &[&str], prefixes: &[&str]) {
-        for name in names {
-            self.set_http_request_header(name, None);
-        }
-        if prefixes.is_empty() {
-            return;
-        }
-        for (name, _) in self.get_http_request_headers() {
-            let lower = name.to_ascii_lowercase();
-            if prefixes.iter().any(|p| lower.starts_with(p)) {
-                self.set_http_request_header(&name, None);
-            }
-        }
-    }
-
-    /// Translate the whole body for this attempt's target; false when the attempt was
-    /// answered instead (a Skip).
-    fn translate_body(&mut self, body_size: usize) -> bool {
-        let Work::Translate { upstream, model } = std::mem::replace(&mut self.work, Work::None)
-        else {
-            return true;
-        };
-        let Some(note) = self.note.as_ref() else {
-            return true;
-        };
-        let body = if body_size == 0 {
-            Vec::new()
-        } else {
-            self.get_http_request_body(0, body_size).unwrap_or_default()
-        };
-        let out = match attempt::translate(note, &upstream, &model, &body) {
-            Ok(out) => out,
-            Err(skip) => {
-                self.skip(&skip);
-                return false;
-            }
-        };
-        self.set_http_request_header(":method", Some(out.method));
-        self.set_http_request_header(":path", Some(&out.path));
-        if let Some(authority) = &out.authority {
-            self.set_http_request_header(":authority", Some(authority));
-        }
-        self.remove_headers(&out.remove_headers, &out.remove_header_prefixes);
-        for (name, value) in &out.set_headers {
-            self.set_http_request_header(name, Some(value));
-        }
-        self.set_http_request_body(0, body_size, &out.body);
-        for cause in &out.dropped {
-            let cause = cause.as_str();
-            if attempt::first_report_of(cause) {
-                log(
-                    LogLevel::Info,
-                    &format!("halo: per-attempt stage: translation drops {cause} (logged once)"),
-                );
-            }
-        }
-        if out.response == ResponseConversion::BedrockEventStreamToSse {
-            self.convert = Some(EventStreamToSse::new());
-        }
-        self.counted();
-        true
+        action(self.flow.on_response_body(&mut host, end_of_stream))
     }
 }

@@ -148,13 +148,13 @@ pub fn filter_module() -> PathBuf {
     path
 }
 
-/// The filter module built by `scripts/test.sh` (`cargo build -p halo-filter --target
+/// The filter module built by `scripts/test.sh` (`cargo build -p halo-filter-wasm --target
 /// wasm32-unknown-unknown --release`). Set `HALO_FILTER_WASM` to use another file.
 pub fn filter_wasm() -> PathBuf {
     let path = filter_wasm_path();
     assert!(
         path.exists(),
-        "{} is missing: build it once with `cargo build -p halo-filter --target \
+        "{} is missing: build it once with `cargo build -p halo-filter-wasm --target \
          wasm32-unknown-unknown --release` (scripts/test.sh does)",
         path.display()
     );

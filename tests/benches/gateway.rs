@@ -7,7 +7,7 @@
 //! full serde_json parse.
 //!
 //! Run: `cargo bench -p halo-e2e --bench gateway` (after building both filter builds:
-//! `cargo build -p halo-filter --target wasm32-unknown-unknown --release` and
+//! `cargo build -p halo-filter-wasm --target wasm32-unknown-unknown --release` and
 //! `cargo build -p halo-filter-native --release`).
 //!
 //! How it times (the paired mode, the default): each Envoy compared with the bare one runs

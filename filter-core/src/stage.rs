@@ -1,23 +1,18 @@
-//! The per-attempt stage (an upstream filter, run once per attempt after Envoy picked the
-//! endpoint): the request filter's note and the endpoint's facts into halo-filter's
-//! `attempt` plan, its edits back. The same steps as the wasm build's stage.
+//! The per-attempt stage's flow (an upstream filter, run once per attempt after Envoy
+//! picked the endpoint): the request filter's note and the endpoint's facts into
+//! [`crate::attempt`]'s plan, its edits back, through a [`Host`]. Both builds run this.
 
-use std::sync::Arc;
-
-use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
-use halo_filter::attempt::{self, ATTEMPT_PROPERTY, Note, Work};
-use halo_policy::cluster_names::EndpointFacts;
 use halo_providers::ResponseConversion;
 use halo_providers::eventstream::EventStreamToSse;
 
-use crate::abi;
-use crate::body_edit;
-use crate::host::{Body, Next, Stream, log};
-use crate::plugin::AttemptPlugin;
+use crate::attempt::{self, Note, Work};
+use crate::host::{Host, Level, Next};
+use crate::metrics::Counter;
+use crate::pipeline::PrefixEdit;
+use halo_policy::cluster_names::EndpointFacts;
 
 /// One attempt's state.
-pub struct Stage {
-    plugin: Arc<AttemptPlugin>,
+pub struct StageFlow {
     note: Option<Note>,
     /// What waits for the body.
     work: Work,
@@ -27,10 +22,15 @@ pub struct Stage {
     convert: Option<EventStreamToSse>,
 }
 
-impl Stage {
-    pub fn new(plugin: Arc<AttemptPlugin>) -> Stage {
-        Stage {
-            plugin,
+impl Default for StageFlow {
+    fn default() -> Self {
+        StageFlow::new()
+    }
+}
+
+impl StageFlow {
+    pub fn new() -> StageFlow {
+        StageFlow {
             note: None,
             work: Work::None,
             body: Vec::new(),
@@ -38,20 +38,14 @@ impl Stage {
         }
     }
 
-    fn counted(&self, s: Stream) {
-        if let Some(id) = self.plugin.rewrites {
-            s.increment(id, &[]);
-        }
-    }
-
-    pub fn on_request_headers(&mut self, s: Stream, end_of_stream: bool) -> Next {
-        let Some(value) = s.filter_state(ATTEMPT_PROPERTY) else {
+    pub fn on_request_headers<H: Host>(&mut self, host: &mut H, end_of_stream: bool) -> Next {
+        let Some(value) = host.attempt_note() else {
             return Next::Continue;
         };
-        let facts = s.host_metadata_string(METADATA_NAMESPACE, ENDPOINT_FACTS_KEY);
+        let facts = host.endpoint_facts();
         // The first pick's attempt, as the request filter left it: nothing to do, and
         // nothing to decode.
-        let path = s.request_header(":path");
+        let path = host.request_header(":path");
         if attempt::passes_as_left(&value, facts.as_deref(), path.as_deref()) {
             return Next::Continue;
         }
@@ -61,24 +55,24 @@ impl Stage {
         let facts = facts.and_then(|b| EndpointFacts::decode(&b));
         let plan = attempt::plan(&note, facts.as_ref());
         if let Work::Skip(skip) = &plan.work {
-            return skip_attempt(s, skip);
+            return skip_attempt(host, skip);
         }
         if plan.keeps_filtered_request(&note) && path.as_deref() == Some(note.path.as_str()) {
             return Next::Continue;
         }
         for (name, value) in &plan.restore {
-            s.set_request_header(name, value.as_deref());
+            host.set_request_header(name, value.as_deref());
         }
         if path.as_deref() != Some(plan.path.as_str()) {
-            s.set_request_header(":path", Some(&plan.path));
+            host.set_request_header(":path", Some(&plan.path));
             if plan.path != note.path {
-                self.counted(s);
+                host.count(Counter::AttemptRewrites);
             }
         }
         if let Some(authority) = &plan.authority {
-            s.set_request_header(":authority", Some(authority));
+            host.set_request_header(":authority", Some(authority));
         }
-        remove_headers(s, &plan.remove, &plan.remove_prefixes);
+        remove_headers(host, &plan.remove, &plan.remove_prefixes);
         self.note = Some(note);
         self.work = plan.work;
         match &self.work {
@@ -86,11 +80,11 @@ impl Stage {
             Work::Splice { .. } if end_of_stream => Next::Continue,
             Work::Splice { .. } => {
                 // The length changes: Envoy sends the rewritten body chunked.
-                s.set_request_header("content-length", None);
+                host.set_request_header("content-length", None);
                 Next::Stop
             }
             Work::Translate { .. } if end_of_stream => {
-                if self.translate_body(s, false) {
+                if self.translate_body(host, false) {
                     Next::Continue
                 } else {
                     Next::Stop
@@ -100,14 +94,17 @@ impl Stage {
         }
     }
 
-    pub fn on_request_body(&mut self, s: Stream, end_of_stream: bool) -> Next {
-        if matches!(self.work, Work::None | Work::Skip(_)) {
-            return Next::Continue;
+    pub fn on_request_body<H: Host>(&mut self, host: &mut H, end_of_stream: bool) -> Next {
+        let limit = match &self.work {
+            Work::None | Work::Skip(_) => return Next::Continue,
+            // The model sits in the head: a host that keeps the body readable copies
+            // only that.
+            Work::Splice { end, .. } => *end,
+            Work::Translate { .. } => usize::MAX,
+        };
+        if H::PIECEWISE || end_of_stream {
+            host.copy_request_body(&mut self.body, limit);
         }
-        if s.received_is_buffered() {
-            self.body.clear();
-        }
-        s.copy_request_body(Body::Received, &mut self.body);
         if !end_of_stream {
             return Next::Buffer;
         }
@@ -121,11 +118,11 @@ impl Stage {
                     &model,
                 ) {
                     Some(edit) => {
-                        body_edit::write(s, &edit, &body);
-                        self.counted(s);
+                        host.write_body_edit(&edit, &body);
+                        host.count(Counter::AttemptRewrites);
                     }
-                    None => log(
-                        abi::LOG_WARN,
+                    None => host.log(
+                        Level::Warn,
                         "halo: per-attempt stage: the model is not where the request filter noted it; attempt sent as is",
                     ),
                 }
@@ -133,7 +130,7 @@ impl Stage {
             }
             work @ Work::Translate { .. } => {
                 self.work = work;
-                if self.translate_body(s, true) {
+                if self.translate_body(host, true) {
                     Next::Continue
                 } else {
                     Next::Stop
@@ -144,8 +141,9 @@ impl Stage {
     }
 
     /// Translate the whole body for this attempt's target; false when the attempt was
-    /// answered instead (a Skip).
-    fn translate_body(&mut self, s: Stream, in_body: bool) -> bool {
+    /// answered instead (a Skip). `in_body`: called from a body hook (else the request
+    /// had no body).
+    fn translate_body<H: Host>(&mut self, host: &mut H, in_body: bool) -> bool {
         let Work::Translate { upstream, model } = std::mem::replace(&mut self.work, Work::None)
         else {
             return true;
@@ -157,28 +155,27 @@ impl Stage {
         let out = match attempt::translate(note, &upstream, &model, &body) {
             Ok(out) => out,
             Err(skip) => {
-                skip_attempt(s, &skip);
+                skip_attempt(host, &skip);
                 return false;
             }
         };
-        s.set_request_header(":method", Some(out.method));
-        s.set_request_header(":path", Some(&out.path));
+        host.set_request_header(":method", Some(out.method));
+        host.set_request_header(":path", Some(&out.path));
         if let Some(authority) = &out.authority {
-            s.set_request_header(":authority", Some(authority));
+            host.set_request_header(":authority", Some(authority));
         }
-        remove_headers(s, &out.remove_headers, &out.remove_header_prefixes);
+        remove_headers(host, &out.remove_headers, &out.remove_header_prefixes);
         for (name, value) in &out.set_headers {
-            s.set_request_header(name, Some(value));
+            host.set_request_header(name, Some(value));
         }
         if in_body {
-            s.drain_request_body(Body::Buffered, usize::MAX);
-            s.replace_request_body(Body::Received, &[&out.body]);
+            host.replace_request_body(&PrefixEdit::default(), &out.body);
         }
         for cause in &out.dropped {
             let cause = cause.as_str();
             if attempt::first_report_of(cause) {
-                log(
-                    abi::LOG_INFO,
+                host.log(
+                    Level::Info,
                     &format!("halo: per-attempt stage: translation drops {cause} (logged once)"),
                 );
             }
@@ -186,36 +183,37 @@ impl Stage {
         if out.response == ResponseConversion::BedrockEventStreamToSse {
             self.convert = Some(EventStreamToSse::new());
         }
-        self.counted(s);
+        host.count(Counter::AttemptRewrites);
         true
     }
 
-    pub fn on_response_headers(&mut self, s: Stream) {
+    pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Next {
         if self.convert.is_none() {
-            return;
+            return Next::Continue;
         }
-        let status = s.response_header(":status");
-        let content_type = s.response_header("content-type");
+        let status = host.response_header(":status");
+        let content_type = host.response_header("content-type");
         if !attempt::converts_answer(status.as_deref(), content_type.as_deref()) {
             // An error answer (JSON) goes to the client as Bedrock wrote it.
             self.convert = None;
-            return;
+            return Next::Continue;
         }
-        s.set_response_header("content-type", Some("text/event-stream"));
-        s.set_response_header("content-length", None);
+        host.set_response_header("content-type", Some("text/event-stream"));
+        host.set_response_header("content-length", None);
+        Next::Continue
     }
 
-    pub fn on_response_body(&mut self, s: Stream, end_of_stream: bool) {
+    pub fn on_response_body<H: Host>(&mut self, host: &mut H, end_of_stream: bool) -> Next {
         let Some(conv) = self.convert.as_mut() else {
-            return;
+            return Next::Continue;
         };
-        let chunk = s.received_response_body();
+        let chunk = host.response_body();
         let mut out = match attempt::convert_piece(conv, &chunk) {
             Ok(sse) => sse,
             Err((sse, why)) => {
                 self.convert = None;
-                log(
-                    abi::LOG_WARN,
+                host.log(
+                    Level::Warn,
                     &format!("halo: per-attempt stage: Bedrock event stream unreadable: {why}"),
                 );
                 sse
@@ -225,17 +223,18 @@ impl Stage {
             out.extend(attempt::finish_conversion(&conv));
         }
         // Each piece is replaced by the events it completed: streaming stays incremental.
-        s.replace_received_response_body(&out);
+        host.set_response_body(&out);
+        Next::Continue
     }
 }
 
 /// Answer 502 bad_upstream for a target that cannot serve the request.
-fn skip_attempt(s: Stream, skip: &halo_providers::Skip) -> Next {
-    log(
-        abi::LOG_INFO,
+fn skip_attempt<H: Host>(host: &mut H, skip: &halo_providers::Skip) -> Next {
+    host.log(
+        Level::Info,
         &format!("halo: per-attempt stage: target skipped: {skip}"),
     );
-    s.send_response(
+    host.send_response(
         502,
         &[("content-type".into(), "application/json".into())],
         &attempt::skip_reply(skip),
@@ -243,16 +242,17 @@ fn skip_attempt(s: Stream, skip: &halo_providers::Skip) -> Next {
     Next::Stop
 }
 
-fn remove_headers(s: Stream, names: &[&str], prefixes: &[&str]) {
+/// Remove `names`, and every header whose (lowercase) name starts with one of `prefixes`.
+fn remove_headers<H: Host>(host: &mut H, names: &[&str], prefixes: &[&str]) {
     for name in names {
-        s.set_request_header(name, None);
+        host.set_request_header(name, None);
     }
     if prefixes.is_empty() {
         return;
     }
-    for (name, _) in s.request_headers() {
+    for (name, _) in host.request_headers() {
         if prefixes.iter().any(|p| name.starts_with(p)) {
-            s.set_request_header(&name, None);
+            host.set_request_header(&name, None);
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::config::{Config, IdentityMode};
 use crate::killstate::{FetchOutcome, KillState};
 use crate::pipeline::{self, Head, VerifiedClaims};
 
-fn snapshot(issuer: Option<&str>) -> Value {
+pub(crate) fn snapshot(issuer: Option<&str>) -> Value {
     let mut s = json!({
         "schema": 1, "org": "t",
         "protocols": {"claude-code": "anthropic-messages", "codex": "openai-responses", "gemini-cli": "gemini"},

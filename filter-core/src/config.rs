@@ -229,6 +229,12 @@ pub fn env_entry(block: &[u8], name: &str) -> Option<String> {
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 impl Config {
+    /// True when the kill switch is configured with an unusable key (traffic flows
+    /// unkilled and is stamped so).
+    pub fn kill_switch_misconfigured(&self) -> bool {
+        self.kill_switch.as_ref().is_some_and(|k| k.key.is_err())
+    }
+
     /// What a filter logs at error level when it starts with this configuration: settings
     /// it accepts but that change how traffic is treated.
     pub fn start_warnings(&self) -> Vec<String> {

@@ -8,8 +8,14 @@
 //! Envoy's shared data; [`KillState::adopt`] re-checks its signature (not its age: it
 //! was fresh when the first worker accepted it) and takes it only if newer.
 
+use std::sync::Arc;
+
 use halo_policy::Snapshot;
 use halo_policy::killswitch::{self, KillList, KillListError};
+
+use crate::config::Config;
+use crate::host::{Level, Telemetry};
+use crate::metrics::Counter;
 
 /// The outcome of one poll, named as in the `halo.killswitch.fetch` metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,10 +72,7 @@ impl KillState {
     /// verified and applied exactly as a polled one (signature, freshness), when there is
     /// one and the key is usable; the poll keeps running as the fallback. The outcome is
     /// `None` when nothing was pushed.
-    pub fn at_start(
-        cfg: &crate::config::Config,
-        now_unix: i64,
-    ) -> (KillState, Option<FetchOutcome>) {
+    pub fn at_start(cfg: &Config, now_unix: i64) -> (KillState, Option<FetchOutcome>) {
         let mut kill = KillState::new();
         let pushed = cfg
             .kill_list
@@ -133,6 +136,97 @@ impl KillState {
             Some(list) => list.apply(base),
             None => base.clone(),
         }
+    }
+}
+
+/// The kill list in force for one filter configuration and the snapshot it leaves, with
+/// what each outcome logs and counts: the configure and poll-answer steps of both builds.
+#[derive(Debug, Clone)]
+pub struct Enforced {
+    kill: KillState,
+    effective: Arc<Snapshot>,
+}
+
+impl Enforced {
+    /// A filter configuration starts: its start warnings logged, the pushed list (if any)
+    /// applied, and its outcome counted (and logged when refused).
+    pub fn start(cfg: &Config, now_unix: i64, t: &impl Telemetry) -> Enforced {
+        for warning in cfg.start_warnings() {
+            t.log(Level::Error, &warning);
+        }
+        let (kill, pushed) = KillState::at_start(cfg, now_unix);
+        if let Some(outcome) = pushed {
+            if outcome != FetchOutcome::Accepted {
+                t.log(
+                    Level::Error,
+                    &format!("halo: pushed kill list refused: {}", outcome.as_str()),
+                );
+            }
+            t.count(Counter::KillswitchFetch {
+                outcome: outcome.as_str(),
+            });
+        }
+        Enforced {
+            effective: Arc::new(kill.effective(&cfg.snapshot)),
+            kill,
+        }
+    }
+
+    /// The snapshot in force.
+    pub fn effective(&self) -> &Arc<Snapshot> {
+        &self.effective
+    }
+
+    /// The list in force.
+    pub fn held(&self) -> Option<&KillList> {
+        self.kill.held()
+    }
+
+    /// A poll's answer (`status` is `None` when the call failed): verified, applied when
+    /// accepted, counted, and logged when refused (the outcome only: never the body or the
+    /// token). Returns whether the snapshot in force changed.
+    pub fn on_poll_answer(
+        &mut self,
+        cfg: &Config,
+        status: Option<u16>,
+        body: &[u8],
+        now_unix: i64,
+        t: &impl Telemetry,
+    ) -> bool {
+        let Some(Ok(key)) = cfg.kill_switch.as_ref().map(|k| &k.key) else {
+            return false;
+        };
+        let outcome = self.kill.on_fetch(status, body, key, now_unix);
+        if outcome != FetchOutcome::Accepted && outcome != FetchOutcome::Unchanged {
+            t.log(
+                Level::Warn,
+                &format!(
+                    "halo: kill list poll refused: {}; keeping the list in force",
+                    outcome.as_str()
+                ),
+            );
+        }
+        t.count(Counter::KillswitchFetch {
+            outcome: outcome.as_str(),
+        });
+        if outcome != FetchOutcome::Accepted {
+            return false;
+        }
+        self.effective = Arc::new(self.kill.effective(&cfg.snapshot));
+        true
+    }
+
+    /// An envelope another worker accepted ([`KillState::adopt`]). Returns whether the
+    /// snapshot in force changed.
+    pub fn adopt(&mut self, cfg: &Config, envelope: &[u8]) -> bool {
+        let Some(Ok(key)) = cfg.kill_switch.as_ref().map(|k| &k.key) else {
+            return false;
+        };
+        if !self.kill.adopt(envelope, key) {
+            return false;
+        }
+        self.effective = Arc::new(self.kill.effective(&cfg.snapshot));
+        true
     }
 }
 

@@ -1,38 +1,49 @@
-//! The request filter: Envoy's request into halo-filter's pipeline, its answer back.
-//! The same steps as the wasm build's request filter, through [`Stream`] calls.
+//! The request filter's flow (in the connection manager): Envoy's request through
+//! [`crate::pipeline`], its answer back, through a [`Host`]. Both builds run this.
+//!
+//! Headers: identity, admit's header checks, and which headers hygiene removes. Body:
+//! copied as it arrives and scanned while the upload runs (so when the last byte is in
+//! only the last piece is left to scan), then the decision, the route pick and the model
+//! edit, written into the request with the stamps and the per-attempt note.
 
 use std::sync::Arc;
 
-use halo_filter::attempt::{self, ATTEMPT_PROPERTY};
-use halo_filter::cidr;
-use halo_filter::config::IdentityMode;
-use halo_filter::hygiene;
-use halo_filter::pipeline::{self, Forward, Head, Pending, PrefixEdit, Reply};
+use halo_policy::Snapshot;
 use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
 use halo_policy::decide::UNKNOWN_RING;
 
-use crate::body_edit;
-use crate::host::{Body, Next, Stream};
-use crate::jwt::{self, Verified};
-use crate::plugin::RequestPlugin;
+use crate::attempt::{self};
+use crate::cidr;
+use crate::config::{Config, IdentityMode};
+use crate::host::{Host, Next};
+use crate::hygiene;
+use crate::metrics::Counter;
+use crate::pipeline::{self, Forward, Head, Pending, PrefixEdit, Reply};
 
-const JWT_METADATA: &str = "envoy.filters.http.jwt_authn";
+/// The configuration a request runs under: the settings, and the snapshot in force (the
+/// policy with the kill list applied, which a poll may replace at any time).
+pub trait Policy {
+    fn config(&self) -> &Config;
+    /// The snapshot in force now.
+    fn snapshot(&self) -> Arc<Snapshot>;
+}
 
 /// One request's state.
-pub struct RequestFilter {
-    plugin: Arc<RequestPlugin>,
+#[derive(Default)]
+pub struct RequestFlow {
     pending: Option<Pending>,
     /// The request headers as they reached this filter, names lowercase.
     headers: Vec<(String, String)>,
     /// The body length the client announced (`content-length`), read once.
     announced: Option<u64>,
     /// The body received so far, copied piece by piece as it arrives so the scan runs
-    /// while the upload does.
+    /// while the upload does. Grown as the bytes arrive, never from the announced length
+    /// alone: a client could announce maxBodyBytes and send nothing ([`reservation`]).
     body: Vec<u8>,
     scan: Option<Incremental>,
     /// The model edit already written into Envoy's buffer while the body was arriving
-    /// ([`RequestFilter::edit_early`]), and whether that was tried.
+    /// ([`RequestFlow::edit_early`]), and whether that was tried.
     early_edit: Option<PrefixEdit>,
     early_tried: bool,
     removals: Vec<String>,
@@ -40,42 +51,46 @@ pub struct RequestFilter {
     variant: Option<String>,
 }
 
-impl RequestFilter {
-    pub fn new(plugin: Arc<RequestPlugin>) -> RequestFilter {
-        RequestFilter {
-            plugin,
-            pending: None,
-            headers: Vec::new(),
-            announced: None,
-            body: Vec::new(),
-            scan: None,
-            early_edit: None,
-            early_tried: false,
-            removals: Vec::new(),
-            ring: None,
-            variant: None,
-        }
+/// The answer when the filter has no configuration (its configuration was refused).
+pub fn unavailable() -> Reply {
+    Reply {
+        status: 503,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: br#"{"type":"error","error":{"type":"policy_unavailable","message":"the halo filter has no policy"}}"#.to_vec(),
+        reason: "config",
+    }
+}
+
+impl RequestFlow {
+    pub fn new() -> RequestFlow {
+        RequestFlow::default()
     }
 
-    fn reply(&mut self, s: Stream, reply: Reply) -> Next {
+    /// Answer the request locally with `reply` (and count an identity refusal).
+    pub fn reply<H: Host>(&mut self, host: &mut H, reply: Reply) -> Next {
+        self.pending = None;
         if reply.reason == "auth" {
-            self.plugin
-                .tally
-                .add(self.plugin.counters.auth_failures, &[]);
+            host.count(Counter::AuthFailures);
         }
-        s.send_response(reply.status, &reply.headers, &reply.body);
+        host.send_response(reply.status, &reply.headers, &reply.body);
         Next::Stop
     }
 
-    pub fn on_request_headers(&mut self, s: Stream, end_of_stream: bool) -> Next {
-        let headers = s.request_headers();
-        let cfg = &self.plugin.cfg;
+    pub fn on_request_headers<H: Host>(
+        &mut self,
+        host: &mut H,
+        policy: &impl Policy,
+        end_of_stream: bool,
+    ) -> Next {
+        let cfg = policy.config();
+        let headers = host.request_headers();
         let claims = match cfg.identity.mode {
-            Some(IdentityMode::Jwt) => self.claims(s, &headers),
+            Some(IdentityMode::Jwt) => host.verified_claims(&cfg.identity, &headers),
             _ => None,
         };
+        // Only trusted_header mode looks at the peer: no call otherwise.
         let peer = (cfg.identity.mode == Some(IdentityMode::TrustedHeader))
-            .then(|| s.source_address())
+            .then(|| host.peer_address())
             .flatten()
             .and_then(|a| cidr::peer_ip(&a));
         let head = Head::new(&headers, peer, claims);
@@ -84,14 +99,14 @@ impl RequestFilter {
         self.announced = pipeline::content_length(&headers);
         self.headers = headers;
         match head_result {
-            Err(reply) => self.reply(s, reply),
+            Err(reply) => self.reply(host, reply),
             Ok(pending) => {
                 if admit::body_carries_model(&pending.method, &pending.path) {
                     self.scan = Some(Incremental::new());
                 }
                 self.pending = Some(pending);
                 if end_of_stream {
-                    self.finish(s, false)
+                    self.finish(host, policy, false)
                 } else {
                     Next::Stop
                 }
@@ -99,83 +114,69 @@ impl RequestFilter {
         }
     }
 
-    /// The claims jwt_authn verified on this request, if it verified a token.
-    fn claims(&self, s: Stream, headers: &[(String, String)]) -> Option<pipeline::VerifiedClaims> {
-        let id = &self.plugin.cfg.identity;
-        let verified = s
-            .dynamic_metadata_keys(JWT_METADATA)
-            .contains(&id.jwt_metadata_key);
-        if !verified {
-            return None;
-        }
-        let values: Vec<String> = headers
-            .iter()
-            .filter(|(n, _)| n == jwt::PAYLOAD_HEADER)
-            .map(|(_, v)| v.clone())
-            .collect();
-        match jwt::claims(&values, &id.user_claim, &id.groups_claim) {
-            Verified::Claims(c) => Some(c),
-            Verified::None | Verified::Unreadable => None,
-        }
-    }
-
-    pub fn on_request_body(&mut self, s: Stream, end_of_stream: bool) -> Next {
+    /// A piece of the body arrived.
+    pub fn on_request_body<H: Host>(
+        &mut self,
+        host: &mut H,
+        policy: &impl Policy,
+        end_of_stream: bool,
+    ) -> Next {
         if self.pending.is_none() {
             return Next::Continue;
         }
-        let max = self.plugin.cfg.max_body_bytes;
-        let received = s.request_body_size(Body::Received);
-        if u64::try_from(self.body.len() + received).unwrap_or(u64::MAX) > max {
-            self.pending = None;
-            return self.reply(s, Reply::too_large(max));
+        let cfg = policy.config();
+        let max = cfg.max_body_bytes;
+        let held = self.body.len();
+        let total = host.request_body_total(held);
+        if u64::try_from(total).unwrap_or(u64::MAX) > max {
+            return self.reply(host, Reply::too_large(max));
         }
-        // The piece of this call; an earlier filter's whole buffer when it resumed (then
-        // it is everything, and nothing was copied before).
-        if s.received_is_buffered() {
-            self.body.clear();
-        }
-        if let Some(total) = reservation(
+        if let Some(room) = reservation(
             self.announced,
-            self.body.len(),
+            held,
             self.body.capacity(),
-            received,
+            total.saturating_sub(held),
             max,
         ) {
-            self.body.reserve_exact(total - self.body.len());
+            self.body.reserve_exact(room.saturating_sub(held));
         }
-        s.copy_request_body(Body::Received, &mut self.body);
+        host.copy_request_body(&mut self.body, usize::MAX);
         // All the announced bytes are here, though Envoy has not said the body ended
-        // (HTTP/1 ends it with an empty piece of its own): finish now, while this piece is
-        // still apart from what Envoy buffered, so the edit copies only the head
-        // ([`body_edit`]); the empty end then passes through.
-        let complete = self.announced == u64::try_from(self.body.len()).ok();
+        // (HTTP/1 ends it with an empty piece of its own): a piecewise host finishes now,
+        // while this piece is still apart from what Envoy buffered, so the edit copies
+        // only the head; the empty end then passes through.
+        let complete = H::PIECEWISE && self.announced == u64::try_from(self.body.len()).ok();
         if !end_of_stream && !complete {
             if let Some(scan) = self.scan.as_mut()
                 && scan.feed(&self.body).is_err()
             {
-                // Invalid already, whatever follows: refused now with the scan's reason.
-                return self.finish(s, true);
+                // Invalid already, whatever follows: refused now with the scan's reason
+                // (the error sticks), without waiting for the rest.
+                return self.finish(host, policy, true);
             }
-            self.edit_early(s);
+            if H::PIECEWISE {
+                self.edit_early(host, policy);
+            }
             return Next::Buffer;
         }
-        self.finish(s, true)
+        self.finish(host, policy, true)
     }
 
     /// Once the model's value has arrived in a long body that has not all arrived, write
-    /// the model edit into Envoy's buffer now, while the model is in the piece in hand.
+    /// the model edit into Envoy's buffer now, while the model is in the piece in hand
+    /// (piecewise hosts only).
     ///
-    /// Why: this ABI can drain a body's front and append at its end but not prepend, so
-    /// an edit of the head made once the model has moved into Envoy's buffered part
-    /// rewrites that part ([`body_edit`]): for a long conversation, most of the body.
-    /// Made when the model arrives (in the first piece when it is the first field, as
-    /// coding tools send it), it writes only the edited head, and the pieces after it are
+    /// Why: the dynamic-module ABI can drain a body's front and append at its end but not
+    /// prepend, so an edit of the head made once the model has moved into Envoy's
+    /// buffered part rewrites that part: for a long conversation, most of the body. Made
+    /// when the model arrives (in the first piece when it is the first field, as coding
+    /// tools send it), it writes only the edited head, and the pieces after it are
     /// buffered by Envoy untouched. The target comes from the same pipeline step the end
     /// runs; the end checks it got the same edit ([`end_write`]) and rewrites the body in
     /// full if not (a kill or a policy change in between, or a refusal). A step that
     /// refuses here refuses nothing: the end decides, in its own order (an invalid body is
     /// a 400 before an unknown model is).
-    fn edit_early(&mut self, s: Stream) {
+    fn edit_early<H: Host>(&mut self, host: &mut H, policy: &impl Policy) {
         if self.early_tried {
             return;
         }
@@ -195,47 +196,51 @@ impl RequestFilter {
         {
             return;
         }
-        let snap = self.plugin.effective();
-        let Ok(forward) = pipeline::on_body(
-            &self.plugin.cfg,
-            &snap,
-            pending,
-            &self.body,
-            Some(Ok(found)),
-        ) else {
+        let snap = policy.snapshot();
+        let cfg = policy.config();
+        let Ok(forward) = pipeline::on_body(cfg, &snap, pending, &self.body, Some(Ok(found)))
+        else {
             return;
         };
         if let Some(edit) = forward.body
             && !edit.keeps(&self.body)
         {
-            body_edit::write(s, &edit, &self.body);
+            host.write_body_edit(&edit, &self.body);
             self.early_edit = Some(edit);
         }
     }
 
     /// The body-time step, and writing its result into the request.
-    fn finish(&mut self, s: Stream, in_body: bool) -> Next {
+    fn finish<H: Host>(&mut self, host: &mut H, policy: &impl Policy, in_body: bool) -> Next {
         let Some(pending) = self.pending.take() else {
             return Next::Continue;
         };
         let body = std::mem::take(&mut self.body);
         let scanned = self.scan.take().map(|scan| scan.finish(&body));
-        let snap = self.plugin.effective();
-        match pipeline::on_body(&self.plugin.cfg, &snap, &pending, &body, scanned) {
-            Err(reply) => self.reply(s, reply),
+        let cfg = policy.config();
+        let snap = policy.snapshot();
+        match pipeline::on_body(cfg, &snap, &pending, &body, scanned) {
+            Err(reply) => self.reply(host, reply),
             Ok(forward) => {
-                self.apply(s, forward, &body, in_body);
+                self.apply(host, cfg, forward, &body, in_body);
                 Next::Continue
             }
         }
     }
 
-    fn apply(&mut self, s: Stream, mut forward: Forward, body: &[u8], in_body: bool) {
+    fn apply<H: Host>(
+        &mut self,
+        host: &mut H,
+        cfg: &Config,
+        mut forward: Forward,
+        body: &[u8],
+        in_body: bool,
+    ) {
         for name in hygiene::to_remove(&self.removals, &self.headers, &forward.stamps) {
-            s.set_request_header(name, None);
+            host.set_request_header(name, None);
         }
         if let Some(path) = &forward.path {
-            s.set_request_header(":path", Some(path));
+            host.set_request_header(":path", Some(path));
         }
         if in_body {
             // An edit that writes back the bytes received (the alias is the provider's
@@ -243,57 +248,63 @@ impl RequestFilter {
             let wanted = forward.body.as_ref().filter(|edit| !edit.keeps(body));
             match end_write(self.early_edit.as_ref(), wanted) {
                 EndWrite::Nothing => {}
-                EndWrite::Edit(edit) => body_edit::write(s, edit, body),
-                EndWrite::Replace(edit) => body_edit::replace(s, edit, body),
-                EndWrite::Original => body_edit::replace(s, &PrefixEdit::default(), body),
+                EndWrite::Edit(edit) => host.write_body_edit(edit, body),
+                EndWrite::Replace(edit) => host.replace_request_body(edit, body),
+                EndWrite::Original => host.replace_request_body(&PrefixEdit::default(), body),
             }
             if let Some(edit) = &forward.body
                 && edit.prefix.len() != edit.drop
             {
+                // The whole body is here, so its new length is known: keep the upstream
+                // request framed by length (a chunked one costs Envoy and the provider
+                // more). Without a length the client sent it chunked, and so does Envoy.
                 let new_length = edit.prefix.len() + body.len() - edit.drop.min(body.len());
                 let length = self.announced.map(|_| new_length.to_string());
-                s.set_request_header("content-length", length.as_deref());
+                host.set_request_header("content-length", length.as_deref());
             }
         }
         if let Some(mut note) = forward.attempt_note.take() {
+            // Every attempt starts from the client's values of the headers a translation
+            // changes: an earlier attempt's changes stay in the shared header map.
+            // The client's credentials are still here only with forwardAuth (hygiene
+            // removed them otherwise): noted so each pass-through attempt gets them back.
+            // Read from the headers kept at request-headers time, less what hygiene removed:
+            // nothing else changes them in between, and each read from Envoy is a call.
             note.headers = attempt::noted_headers(&self.headers, &self.removals);
-            s.set_filter_state(ATTEMPT_PROPERTY, &note.encode(forward.first_pick.as_ref()));
+            host.set_attempt_note(&note.encode(forward.first_pick.as_ref()));
         }
         for (name, value) in &forward.stamps {
-            s.set_request_header(name, Some(value));
+            host.set_request_header(name, Some(value));
         }
         // The stamps name the cluster (the route's cluster header); Envoy chose the
         // route's cluster before this filter ran.
-        s.refresh_route();
-        if self.plugin.misconfigured() {
-            s.set_request_header(hygiene::KILLSWITCH, Some(hygiene::KILLSWITCH_MISCONFIGURED));
+        host.refresh_route();
+        if cfg.kill_switch_misconfigured() {
+            host.set_request_header(hygiene::KILLSWITCH, Some(hygiene::KILLSWITCH_MISCONFIGURED));
         }
         if let Some(d) = &forward.decision {
-            let variant = forward.variant.as_deref().unwrap_or("none");
-            let labels = [d.ring.as_str(), variant, d.source.as_str()];
-            self.plugin
-                .tally
-                .add(self.plugin.counters.decisions, &labels);
+            host.count(Counter::Decisions {
+                ring: &d.ring,
+                variant: forward.variant.as_deref(),
+                source: d.source.as_str(),
+            });
         }
         self.ring = Some(forward.ring);
         self.variant = forward.variant;
     }
 
     /// The stream ended: count it by ring, variant and status.
-    pub fn on_stream_complete(&mut self, s: Stream) {
-        if self.plugin.counters.requests.is_none() {
-            return;
-        }
-        let status = s.response_code().unwrap_or(0).to_string();
-        let ring = self.ring.as_deref().unwrap_or(UNKNOWN_RING);
-        let labels = [ring, self.variant.as_deref().unwrap_or("none"), &status];
-        self.plugin
-            .tally
-            .add(self.plugin.counters.requests, &labels);
+    pub fn on_stream_complete<H: Host>(&mut self, host: &mut H) {
+        let status = host.response_code().unwrap_or(0);
+        host.count(Counter::Requests {
+            ring: self.ring.as_deref().unwrap_or(UNKNOWN_RING),
+            variant: self.variant.as_deref(),
+            status,
+        });
     }
 }
 
-/// The least announced body length for which [`RequestFilter::edit_early`] edits before
+/// The least announced body length for which [`RequestFlow::edit_early`] edits before
 /// the end: the copy it saves (what Envoy buffered before the last piece) must outweigh
 /// running the pipeline twice.
 const EARLY_EDIT_MIN_BODY: u64 = 64 * 1024;

@@ -12,8 +12,8 @@
 //! So this build needs the jwt_authn the renderers write (with `forward_payload_header`):
 //! a hand-written jwt_authn without it would leave a client's copy in place.
 
+use crate::pipeline::VerifiedClaims;
 use base64::Engine;
-use halo_filter::pipeline::VerifiedClaims;
 use serde_json::Value;
 
 /// The header jwt_authn's `forward_payload_header` writes the verified payload to.

@@ -1,0 +1,630 @@
+//! The flows end to end against a fake Envoy ([`crate::fake`]), for what the live suites
+//! check in a real one: each refusal and its JSON body, each identity mode, the kill
+//! states, the attempt plan per provider kind and wire, header hygiene, bodies in
+//! pieces. Each runs against both kinds of host (piecewise as the native build,
+//! buffering as the wasm build) where the body matters.
+
+use halo_policy::cluster_names::EndpointFacts;
+use serde_json::{Value, json};
+
+use crate::config::Config;
+use crate::fake::{self, FakeEnvoy, Run, TestPolicy};
+use crate::host::Next;
+use crate::pipeline::VerifiedClaims;
+
+const NOW: i64 = 1_800_000_000;
+
+/// The unit tests' snapshot with a canary on `sonnet` (half its users to upstream b).
+fn snapshot(identity: bool) -> Value {
+    let mut s = crate::tests::snapshot(identity.then_some("https://idp"));
+    s["experiments"] = json!([
+        {"name": "sonnet-canary", "type": "canary", "axis": "traffic", "status": "running",
+         "rings": ["general"], "salt": "s1",
+         "variants": [{"name": "control", "weight": 50},
+                      {"name": "canary", "weight": 50,
+                       "routes": {"sonnet": [{"upstream": "b", "model": "sonnet-canary-model"}]}}]},
+    ]);
+    s
+}
+
+fn policy_with(identity: bool, settings: Value, extra: Value) -> TestPolicy {
+    let mut doc = json!({"snapshot": snapshot(identity), "settings": settings});
+    if let (Some(d), Some(e)) = (doc.as_object_mut(), extra.as_object()) {
+        d.extend(e.clone());
+    }
+    let cfg = Config::from_bytes(doc.to_string().as_bytes()).expect("config");
+    TestPolicy::new(cfg, NOW)
+}
+
+fn policy(settings: Value) -> TestPolicy {
+    policy_with(true, settings, json!({}))
+}
+
+fn claims(user: &str) -> Option<VerifiedClaims> {
+    Some(VerifiedClaims {
+        user: Some(user.into()),
+        email_verified: Some(true),
+        groups: vec![],
+    })
+}
+
+/// A user the canary experiment puts in the variant numbered `variant`.
+fn user_in(p: &TestPolicy, variant: usize) -> String {
+    let e = p
+        .cfg
+        .snapshot
+        .experiment("sonnet-canary")
+        .expect("experiment");
+    (0..10_000)
+        .map(|i| format!("u{i}@acme.test"))
+        .find(|u| halo_policy::decide::assigned_variant(e, u) == Some(variant))
+        .expect("a user")
+}
+
+fn messages(model: &str, filler: usize) -> Vec<u8> {
+    json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "x".repeat(filler)}]})
+        .to_string()
+        .into_bytes()
+}
+
+/// A Claude Code request from `user` (verified) with `body`, its length announced.
+fn post<const P: bool>(user: Option<&str>, body: &[u8], extra: &[(&str, &str)]) -> FakeEnvoy<P> {
+    let length = body.len().to_string();
+    let mut h = vec![
+        (":method", "POST"),
+        (":path", "/v1/messages"),
+        (":authority", "gw"),
+        ("authorization", "Bearer tok"),
+        ("content-type", "application/json"),
+        ("content-length", length.as_str()),
+    ];
+    h.extend_from_slice(extra);
+    let mut e = FakeEnvoy::with_headers(&h);
+    e.claims = user.and_then(claims);
+    e.peer = Some("127.0.0.1:5555".into());
+    e
+}
+
+fn pieces(body: &[u8], size: usize) -> Vec<&[u8]> {
+    body.chunks(size).collect()
+}
+
+fn routed<const P: bool>(p: &TestPolicy, user: &str, body: &[u8], piece: usize) -> Run<P> {
+    fake::request(
+        p,
+        post::<P>(Some(user), body, &[]),
+        &pieces(body, piece),
+        200,
+    )
+}
+
+fn routed_rewritten_stamped_and_counted<const P: bool>() {
+    let p = policy(json!({}));
+    let user = user_in(&p, 0);
+    let body = messages("sonnet", 10);
+    let r = routed::<P>(&p, &user, &body, 7);
+    let e = &r.envoy;
+    assert_eq!(
+        r.answers.first(),
+        Some(&Next::Stop),
+        "the headers wait for the body"
+    );
+    assert_eq!(r.answers.last(), Some(&Next::Continue));
+    let between = &r.answers[1..r.answers.len() - 1];
+    assert!(
+        between.iter().all(|a| *a == Next::Buffer),
+        "{:?}",
+        r.answers
+    );
+    let expected = String::from_utf8(body.clone()).expect("utf8").replacen(
+        "\"sonnet\"",
+        "\"claude-sonnet\"",
+        1,
+    );
+    assert_eq!(String::from_utf8_lossy(&e.body), expected);
+    assert_eq!(
+        e.header("content-length"),
+        Some(expected.len().to_string().as_str())
+    );
+    assert_eq!(e.header("x-halo-route"), Some("sonnet-0"));
+    assert_eq!(e.header("x-halo-ring"), Some("general"));
+    assert_eq!(e.header("x-halo-release"), Some("r1"));
+    assert_eq!(e.header("x-halo-experiment"), Some("sonnet-canary"));
+    assert_eq!(e.header("x-halo-variant"), Some("control"));
+    assert_eq!(
+        e.header("authorization"),
+        None,
+        "the caller's token never goes upstream"
+    );
+    assert_eq!(
+        e.route_refreshes, 1,
+        "the route is picked again for the stamped cluster"
+    );
+    assert!(e.note.is_some(), "the attempt note is left for the stage");
+    assert_eq!(
+        e.rec
+            .count_of("halo.decisions.ring.general.variant.control.source.gateway"),
+        1,
+        "{:?}",
+        e.rec.counts
+    );
+    assert_eq!(
+        e.rec
+            .count_of("halo.requests.ring.general.variant.control.status.200"),
+        1
+    );
+}
+
+#[test]
+fn a_verified_caller_is_routed_rewritten_stamped_and_counted() {
+    routed_rewritten_stamped_and_counted::<true>();
+    routed_rewritten_stamped_and_counted::<false>();
+}
+
+fn identity_refusals<const P: bool>() {
+    let p = policy(json!({}));
+    let body = messages("sonnet", 1);
+    let check = |user: Option<VerifiedClaims>, extra: &[(&str, &str)]| {
+        let mut e = post::<P>(None, &body, extra);
+        e.claims = user;
+        fake::request(&p, e, &[&body], 0).envoy
+    };
+    // No token jwt_authn verified: 401, with the challenge.
+    let e = check(None, &[]);
+    let sent = e.sent.as_ref().expect("answered");
+    assert_eq!(sent.status, 401);
+    assert_eq!(sent.error_type(), "authentication_error");
+    assert!(
+        sent.headers
+            .contains(&("www-authenticate".into(), "Bearer realm=\"halos\"".into()))
+    );
+    assert!(
+        sent.headers
+            .contains(&("content-type".into(), "application/json".into()))
+    );
+    assert_eq!(e.rec.count_of("halo.auth_failures"), 1);
+    assert_eq!(
+        e.rec
+            .count_of("halo.requests.ring.unknown.variant.none.status.401"),
+        1
+    );
+    // An unverified email.
+    let mut unverified = claims("u@x");
+    if let Some(c) = unverified.as_mut() {
+        c.email_verified = Some(false);
+    }
+    assert_eq!(check(unverified, &[]).sent.map(|s| s.status), Some(401));
+    // Two credentials: 400, counted as an identity refusal too.
+    let e = check(
+        claims("u@x"),
+        &[("x-goog-api-key", "a"), ("x-goog-api-key", "b")],
+    );
+    let sent = e.sent.as_ref().expect("answered");
+    assert_eq!(sent.status, 400);
+    assert_eq!(sent.json()["type"], "error");
+    assert_eq!(e.rec.count_of("halo.auth_failures"), 1);
+}
+
+#[test]
+fn identity_refusals_are_json_bodies_and_counted() {
+    identity_refusals::<true>();
+    identity_refusals::<false>();
+    // No identity configuration at all: 503, and the start warning says why.
+    let p = policy_with(false, json!({}), json!({}));
+    assert!(
+        p.rec
+            .logs
+            .borrow()
+            .iter()
+            .any(|(_, m)| m.contains("no identity configuration"))
+    );
+    let r = fake::request(&p, post::<true>(Some("u@x"), b"{}", &[]), &[b"{}"], 0);
+    let sent = r.envoy.sent.expect("answered");
+    assert_eq!(sent.status, 503);
+    assert_eq!(sent.error_type(), "policy_unavailable");
+}
+
+#[test]
+fn trusted_header_identity_is_honoured_only_from_trusted_peers() {
+    let p = policy_with(
+        false,
+        json!({"identity": {"identityHeader": "x-user", "trustedProxyCIDRs": ["10.0.0.0/8"]}}),
+        json!({}),
+    );
+    let body = messages("sonnet", 1);
+    let run = |peer: &str, extra: &[(&str, &str)]| {
+        let mut e = post::<true>(None, &body, extra);
+        e.peer = Some(peer.into());
+        fake::request(&p, e, &[&body], 200)
+    };
+    let r = run("10.1.2.3:40000", &[("x-user", "bob")]);
+    assert!(r.envoy.sent.is_none(), "trusted: {:?}", r.envoy.sent);
+    assert_eq!(
+        r.envoy.header("x-user"),
+        None,
+        "the identity header never goes upstream"
+    );
+    assert!(r.envoy.header("x-halo-route").is_some(), "routed");
+    let r = run("192.168.1.1:40000", &[("x-user", "bob")]);
+    assert_eq!(r.envoy.sent.map(|s| s.status), Some(401));
+    let r = run("10.1.2.3:40000", &[("x-user", "bob"), ("x-user", "eve")]);
+    let sent = r.envoy.sent.expect("answered");
+    assert_eq!(sent.status, 400);
+    assert!(String::from_utf8_lossy(&sent.body).contains("x-user"));
+    // The peer is read only in this mode.
+    let jwt = policy(json!({}));
+    let mut e = post::<true>(Some("u@x"), &body, &[]);
+    e.peer = None;
+    assert!(fake::request(&jwt, e, &[&body], 200).envoy.sent.is_none());
+}
+
+fn request_refusals<const P: bool>() {
+    let p = policy(json!({"maxBodyBytes": 1000}));
+    let send = |body: &[u8], piece: usize, extra: &[(&str, &str)]| {
+        fake::request(
+            &p,
+            post::<P>(Some("u@x"), body, extra),
+            &pieces(body, piece),
+            0,
+        )
+    };
+    // An unknown model.
+    let r = send(&messages("gpt-4", 1), 10, &[]);
+    assert_eq!(r.envoy.sent.as_ref().map(|s| s.status), Some(400));
+    assert_eq!(r.envoy.header("x-halo-route"), None);
+    // Larger than maxBodyBytes, announced: refused with the headers.
+    let big = messages("sonnet", 2000);
+    let r = send(&big, 100, &[]);
+    let sent = r.envoy.sent.as_ref().expect("answered");
+    assert_eq!(sent.status, 413);
+    assert_eq!(sent.error_type(), "request_too_large");
+    assert_eq!(r.answers, [Next::Stop], "refused before the body");
+    // Larger than announced (a chunked client): refused at the piece past the bound.
+    let mut chunked = post::<P>(Some("u@x"), &big, &[]);
+    chunked.set_header("content-length", None);
+    let r = fake::request(&p, chunked, &pieces(&big, 100), 0);
+    assert_eq!(r.envoy.sent.map(|s| s.status), Some(413));
+    assert_eq!(
+        r.answers.len(),
+        12,
+        "refused at the piece that crossed the bound"
+    );
+    // Invalid JSON early: refused before the rest arrives.
+    let mut bad = br#"{"model":"sonnet",}"#.to_vec();
+    bad.extend(std::iter::repeat_n(b' ', 500));
+    let r = send(&bad, 30, &[]);
+    let sent = r.envoy.sent.as_ref().expect("answered");
+    assert_eq!(sent.status, 400);
+    assert!(String::from_utf8_lossy(&sent.body).contains("not valid JSON"));
+    assert_eq!(r.answers.len(), 2, "refused at the first piece");
+}
+
+#[test]
+fn request_refusals_name_the_problem_before_any_upstream() {
+    request_refusals::<true>();
+    request_refusals::<false>();
+}
+
+#[test]
+fn hygiene_strips_credentials_and_spoofed_halo_headers_unless_forward_auth() {
+    let body = messages("sonnet", 1);
+    let spoofed = [
+        ("x-api-key", "client-key"),
+        ("x-halo-ring", "canary"),
+        ("x-halo-route", "evil-cluster"),
+        ("x-halo-whatever", "x"),
+    ];
+    let p = policy(json!({}));
+    let user = user_in(&p, 0);
+    let r = fake::request(
+        &p,
+        post::<true>(Some(&user), &body, &spoofed),
+        &[&body],
+        200,
+    );
+    let e = &r.envoy;
+    assert_eq!(e.header("x-api-key"), None);
+    assert_eq!(e.header("authorization"), None);
+    assert_eq!(e.header("x-halo-whatever"), None);
+    assert_eq!(
+        e.header("x-halo-ring"),
+        Some("general"),
+        "the filter's stamp, not the client's"
+    );
+    assert_eq!(e.header("x-halo-route"), Some("sonnet-0"));
+    let copies = e.request.iter().filter(|(n, _)| n == "x-halo-ring").count();
+    assert_eq!(copies, 1);
+    let p = policy(json!({"forwardAuth": true}));
+    let r = fake::request(
+        &p,
+        post::<false>(Some(&user), &body, &spoofed),
+        &[&body],
+        200,
+    );
+    assert_eq!(r.envoy.header("x-api-key"), Some("client-key"));
+    assert_eq!(r.envoy.header("authorization"), Some("Bearer tok"));
+    assert_eq!(r.envoy.header("x-halo-whatever"), None);
+}
+
+#[test]
+fn a_long_body_in_pieces_is_forwarded_with_only_the_model_changed() {
+    let p = policy(json!({}));
+    let user = user_in(&p, 0);
+    let body = messages("sonnet", 300_000);
+    let expected = String::from_utf8(body.clone())
+        .expect("utf8")
+        .replacen("\"sonnet\"", "\"claude-sonnet\"", 1)
+        .into_bytes();
+    // Piecewise: the edit is written while the model is in the first piece, once.
+    let r = routed::<true>(&p, &user, &body, 16 * 1024);
+    assert_eq!(r.envoy.body, expected);
+    assert_eq!(r.envoy.edits, 1);
+    assert_eq!(
+        r.envoy.header("content-length"),
+        Some(expected.len().to_string().as_str())
+    );
+    // Buffering: the edit at the end.
+    let r = routed::<false>(&p, &user, &body, 16 * 1024);
+    assert_eq!(r.envoy.body, expected);
+    assert_eq!(r.envoy.edits, 1);
+    // A chunked body (no length): the same body, sent chunked.
+    let mut e = post::<true>(Some(&user), &body, &[]);
+    e.set_header("content-length", None);
+    let r = fake::request(&p, e, &pieces(&body, 16 * 1024), 200);
+    assert_eq!(r.envoy.body, expected);
+    assert_eq!(r.envoy.header("content-length"), None);
+}
+
+/// A kill list signed by `key` killing `experiments`, issued `age` seconds before NOW.
+fn envelope(key: &ed25519_dalek::SigningKey, experiments: &[&str], age: i64) -> Vec<u8> {
+    let payload = halo_policy::killswitch::KillPayload {
+        version: 1,
+        experiments: experiments.iter().map(|s| s.to_string()).collect(),
+        toggles: Default::default(),
+        issued_at: time::OffsetDateTime::from_unix_timestamp(NOW - age).expect("time"),
+    };
+    halo_policy::killswitch::sign(&payload, key).expect("sign")
+}
+
+fn kill_settings(seed: u8) -> Value {
+    let key = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]);
+    let pem = halo_policy::keys::KeyPair::from_signing_key(&key)
+        .expect("pair")
+        .public_pem;
+    json!({"killSwitch": {"cluster": "k", "url": "http://127.0.0.1:9/k", "token": "t", "pubkey": pem}})
+}
+
+#[test]
+fn the_kill_list_in_force_routes_a_killed_experiment_to_its_control() {
+    let signer = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+    let body = messages("sonnet", 1);
+    // Nothing killed: the canary user gets the canary's target.
+    let mut p = policy(kill_settings(7));
+    let canary = user_in(&p, 1);
+    let r = routed::<true>(&p, &canary, &body, 100);
+    assert_eq!(r.envoy.header("x-halo-variant"), Some("canary"));
+    assert!(String::from_utf8_lossy(&r.envoy.body).contains("sonnet-canary-model"));
+    // A poll accepts a list killing it: the next request goes to control.
+    let killed = envelope(&signer, &["sonnet-canary"], 5);
+    assert!(
+        p.enforced
+            .on_poll_answer(&p.cfg, Some(200), &killed, NOW, &p.rec)
+    );
+    assert_eq!(p.rec.count_of("halo.killswitch_fetch.outcome.accepted"), 1);
+    let r = routed::<true>(&p, &canary, &body, 100);
+    assert_ne!(r.envoy.header("x-halo-variant"), Some("canary"));
+    assert!(String::from_utf8_lossy(&r.envoy.body).contains("\"claude-sonnet\""));
+    // Refused lists keep it killed: stale, replayed, foreign, the server down.
+    let foreign = ed25519_dalek::SigningKey::from_bytes(&[8; 32]);
+    for (status, list, outcome) in [
+        (Some(200), envelope(&signer, &[], 700), "stale"),
+        (Some(200), envelope(&signer, &[], 10), "replayed"),
+        (Some(200), envelope(&foreign, &[], 0), "bad_signature"),
+        (None, Vec::new(), "http_error"),
+    ] {
+        assert!(
+            !p.enforced
+                .on_poll_answer(&p.cfg, status, &list, NOW, &p.rec)
+        );
+        assert_eq!(
+            p.rec
+                .count_of(&format!("halo.killswitch_fetch.outcome.{outcome}")),
+            1
+        );
+    }
+    let r = routed::<false>(&p, &canary, &body, 100);
+    assert_ne!(r.envoy.header("x-halo-variant"), Some("canary"));
+    // An unkill (a newer empty list) restores it.
+    assert!(
+        p.enforced
+            .on_poll_answer(&p.cfg, Some(200), &envelope(&signer, &[], 0), NOW, &p.rec)
+    );
+    let r = routed::<false>(&p, &canary, &body, 100);
+    assert_eq!(r.envoy.header("x-halo-variant"), Some("canary"));
+    // A list pushed with the configuration is in force from the start.
+    let pushed = String::from_utf8(killed).expect("utf8");
+    let p = policy_with(true, kill_settings(7), json!({"killList": pushed}));
+    assert_eq!(p.rec.count_of("halo.killswitch_fetch.outcome.accepted"), 1);
+    let r = routed::<true>(&p, &canary, &body, 100);
+    assert_ne!(r.envoy.header("x-halo-variant"), Some("canary"));
+}
+
+#[test]
+fn an_unusable_kill_key_keeps_traffic_flowing_with_the_header() {
+    let p = policy(
+        json!({"killSwitch": {"cluster": "k", "url": "http://127.0.0.1:9/k", "token": "t", "pubkey": "not a key"}}),
+    );
+    assert!(
+        p.rec
+            .logs
+            .borrow()
+            .iter()
+            .any(|(_, m)| m.contains("kill-switch public key is unusable"))
+    );
+    let body = messages("sonnet", 1);
+    let r = routed::<true>(&p, "u@x", &body, 100);
+    assert!(r.envoy.sent.is_none());
+    assert_eq!(r.envoy.header("x-halo-killswitch"), Some("misconfigured"));
+}
+
+/// The request filter's run for `body`, then an attempt of it on the endpoint `facts`,
+/// the request as the request filter left it.
+fn attempt_on<const P: bool>(
+    body: &[u8],
+    facts: Option<EndpointFacts>,
+    piece: usize,
+) -> (Run<P>, Run<P>) {
+    let p = policy(json!({"forwardAuth": false}));
+    let user = user_in(&p, 0);
+    let first = routed::<P>(&p, &user, body, piece);
+    let mut e = FakeEnvoy::<P> {
+        request: first.envoy.request.clone(),
+        note: first.envoy.note.clone(),
+        facts: facts.map(|f| f.encode().into_bytes()),
+        ..FakeEnvoy::default()
+    };
+    e.request.push(("x-amz-date".into(), "stale".into()));
+    let sent = first.envoy.body.clone();
+    let stage = fake::attempt(e, &pieces(&sent, piece));
+    (first, stage)
+}
+
+fn facts(model: &str, kind: &str) -> EndpointFacts {
+    EndpointFacts {
+        model: model.into(),
+        kind: kind.into(),
+        host: format!("{kind}.example"),
+        region: (kind == "bedrock").then(|| "us-east-1".into()),
+        project: None,
+        api_version: None,
+    }
+}
+
+fn first_pick_passes<const P: bool>() {
+    let body = messages("sonnet", 50);
+    let (first, stage) = attempt_on::<P>(&body, Some(facts("claude-sonnet", "anthropic")), 30);
+    assert!(
+        stage.answers.iter().all(|a| *a == Next::Continue),
+        "{:?}",
+        stage.answers
+    );
+    let mut left = first.envoy.request.clone();
+    left.push(("x-amz-date".into(), "stale".into()));
+    assert_eq!(stage.envoy.request, left, "no header written");
+    assert_eq!(stage.envoy.body, first.envoy.body);
+    assert_eq!(stage.envoy.edits, 0);
+}
+
+#[test]
+fn the_first_picks_attempt_passes_as_the_request_filter_left_it() {
+    first_pick_passes::<true>();
+    first_pick_passes::<false>();
+}
+
+#[test]
+fn a_failover_to_another_model_of_the_same_kind_gets_its_model_spliced() {
+    let body = messages("sonnet", 5000);
+    let expected = String::from_utf8(body.clone())
+        .expect("utf8")
+        .replacen("\"sonnet\"", "\"model-b\"", 1)
+        .into_bytes();
+    let (_, stage) = attempt_on::<true>(&body, Some(facts("model-b", "anthropic")), 1000);
+    assert_eq!(stage.answers[0], Next::Stop, "the body is awaited");
+    assert_eq!(stage.envoy.body, expected);
+    assert_eq!(stage.envoy.header("content-length"), None, "sent chunked");
+    assert_eq!(stage.envoy.rec.count_of("halo.attempt_rewrites"), 1);
+    let (_, stage) = attempt_on::<false>(&body, Some(facts("model-b", "anthropic")), 1000);
+    assert_eq!(stage.envoy.body, expected);
+    assert_eq!(stage.envoy.rec.count_of("halo.attempt_rewrites"), 1);
+}
+
+fn bedrock_translated<const P: bool>() {
+    let body = messages("sonnet", 100);
+    let (_, s) = attempt_on::<P>(&body, Some(facts("us.anthropic.claude:0", "bedrock")), 64);
+    let e = &s.envoy;
+    assert_eq!(s.answers.first(), Some(&Next::Stop), "the body is awaited");
+    assert_eq!(s.answers.last(), Some(&Next::Continue));
+    assert_eq!(
+        e.header(":path"),
+        Some("/model/us.anthropic.claude%3A0/invoke")
+    );
+    assert_eq!(e.header(":authority"), Some("bedrock.example"));
+    assert_eq!(
+        e.header("x-amz-date"),
+        None,
+        "every x-amz- header is the signer's to write"
+    );
+    let v: Value = serde_json::from_slice(&e.body).expect("json");
+    assert_eq!(v["anthropic_version"], "bedrock-2023-05-31");
+    assert!(v.get("model").is_none());
+    assert_eq!(e.rec.count_of("halo.attempt_rewrites"), 1);
+}
+
+#[test]
+fn a_bedrock_target_gets_the_request_translated_and_signed_headers_cleared() {
+    bedrock_translated::<true>();
+    bedrock_translated::<false>();
+}
+
+#[test]
+fn a_target_that_cannot_serve_the_wire_is_answered_502_bad_upstream() {
+    let body = messages("sonnet", 10);
+    let (_, stage) = attempt_on::<true>(&body, Some(facts("gemini-2.5-pro", "gemini")), 64);
+    assert_eq!(stage.answers, [Next::Stop]);
+    let sent = stage.envoy.sent.expect("answered");
+    assert_eq!(sent.status, 502);
+    assert_eq!(sent.error_type(), "bad_upstream");
+    assert!(
+        sent.headers
+            .contains(&("content-type".into(), "application/json".into()))
+    );
+}
+
+#[test]
+fn an_attempt_without_a_note_or_with_a_garbled_one_passes() {
+    let body = messages("sonnet", 10);
+    let mut e = FakeEnvoy::<true>::with_headers(&[(":path", "/v1/messages")]);
+    e.facts = Some(facts("x", "anthropic").encode().into_bytes());
+    let r = fake::attempt(e, &[&body]);
+    assert_eq!(r.answers, [Next::Continue, Next::Continue]);
+    let mut e = FakeEnvoy::<false>::with_headers(&[(":path", "/v1/messages")]);
+    e.note = Some(b"garbage".to_vec());
+    let r = fake::attempt(e, &[&body]);
+    assert_eq!(r.answers, [Next::Continue, Next::Continue]);
+    assert!(r.envoy.sent.is_none());
+}
+
+#[test]
+fn an_error_answer_from_a_translated_target_goes_to_the_client_as_written() {
+    let body = messages("sonnet", 10);
+    let p = policy(json!({}));
+    let user = user_in(&p, 0);
+    let first = routed::<true>(&p, &user, &body, 64);
+    let mut e = FakeEnvoy::<true> {
+        request: first.envoy.request.clone(),
+        note: first.envoy.note.clone(),
+        facts: Some(
+            facts("us.anthropic.claude:0", "bedrock")
+                .encode()
+                .into_bytes(),
+        ),
+        ..FakeEnvoy::default()
+    };
+    let mut flow = crate::stage::StageFlow::new();
+    flow.on_request_headers(&mut e, false);
+    e.body = first.envoy.body.clone();
+    e.piece = e.body.len();
+    flow.on_request_body(&mut e, true);
+    let error = br#"{"message":"throttled"}"#;
+    let out = fake::answer(
+        &mut flow,
+        &mut e,
+        &[(":status", "429"), ("content-type", "application/json")],
+        &[error],
+    );
+    assert_eq!(out, error);
+    assert!(
+        e.response
+            .contains(&("content-type".into(), "application/json".into()))
+    );
+}

@@ -1,0 +1,180 @@
+//! The filter's counters, named once for both builds.
+//!
+//! Each counter has a name (`requests`) and tags (`ring`, `variant`, `status`). The wasm
+//! build writes the tags into the name as `.<tag>.<value>` pairs
+//! (`halo.requests.ring.canary.variant.none.status.200`), which the bootstrap's
+//! `stats_config.stats_tags` (see halo-envoy-config) extracts; the native build defines
+//! each counter with its tags as labels (`halo_ring`...). Prometheus shows both as
+//! `halo_requests{halo_ring="canary",halo_variant="none",halo_status="200"}`. Values never
+//! carry a user id, a header or a body: only policy names (rings, variants), sources,
+//! outcomes and status codes.
+
+/// One count of one counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter<'a> {
+    /// Requests through the filter, by ring, variant (`none` when unattributed) and
+    /// response status.
+    Requests {
+        ring: &'a str,
+        variant: Option<&'a str>,
+        status: u32,
+    },
+    /// Local refusals of identity (401, duplicate identity header 400).
+    AuthFailures,
+    /// Decisions by ring, variant and which layer routed.
+    Decisions {
+        ring: &'a str,
+        variant: Option<&'a str>,
+        source: &'a str,
+    },
+    /// Kill-list polls (and the pushed list at start) by outcome.
+    KillswitchFetch { outcome: &'a str },
+    /// Upstream attempts the per-attempt stage gave another target's model id (failovers
+    /// to a target with a different model, and first attempts whose endpoint changed
+    /// model since the request filter's policy).
+    AttemptRewrites,
+    /// Hooks that panicked (native build: the request was answered 500).
+    Panics,
+}
+
+/// A counter's name and tag names, as the native build defines it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Definition {
+    pub name: &'static str,
+    pub tags: &'static [&'static str],
+}
+
+pub const REQUESTS: Definition = Definition {
+    name: "requests",
+    tags: &["ring", "variant", "status"],
+};
+pub const AUTH_FAILURES: Definition = Definition {
+    name: "auth_failures",
+    tags: &[],
+};
+pub const DECISIONS: Definition = Definition {
+    name: "decisions",
+    tags: &["ring", "variant", "source"],
+};
+pub const KILLSWITCH_FETCH: Definition = Definition {
+    name: "killswitch_fetch",
+    tags: &["outcome"],
+};
+pub const ATTEMPT_REWRITES: Definition = Definition {
+    name: "attempt_rewrites",
+    tags: &[],
+};
+pub const PANICS: Definition = Definition {
+    name: "panics",
+    tags: &[],
+};
+
+/// The prefix of every counter name (and of every Prometheus label name).
+pub const PREFIX: &str = "halo";
+
+impl Counter<'_> {
+    pub fn definition(&self) -> Definition {
+        match self {
+            Counter::Requests { .. } => REQUESTS,
+            Counter::AuthFailures => AUTH_FAILURES,
+            Counter::Decisions { .. } => DECISIONS,
+            Counter::KillswitchFetch { .. } => KILLSWITCH_FETCH,
+            Counter::AttemptRewrites => ATTEMPT_REWRITES,
+            Counter::Panics => PANICS,
+        }
+    }
+
+    /// The tag values, in the order of [`Definition::tags`].
+    pub fn values(&self) -> Vec<String> {
+        match *self {
+            Counter::Requests {
+                ring,
+                variant,
+                status,
+            } => vec![
+                ring.to_string(),
+                variant.unwrap_or("none").to_string(),
+                status.to_string(),
+            ],
+            Counter::Decisions {
+                ring,
+                variant,
+                source,
+            } => vec![
+                ring.to_string(),
+                variant.unwrap_or("none").to_string(),
+                source.to_string(),
+            ],
+            Counter::KillswitchFetch { outcome } => vec![outcome.to_string()],
+            Counter::AuthFailures | Counter::AttemptRewrites | Counter::Panics => Vec::new(),
+        }
+    }
+
+    /// The name with its tags in it (the wasm build's stats name).
+    pub fn dotted(&self) -> String {
+        let d = self.definition();
+        let mut name = format!("{PREFIX}.{}", d.name);
+        for (tag, value) in d.tags.iter().zip(self.values()) {
+            name.push('.');
+            name.push_str(tag);
+            name.push('.');
+            name.push_str(&clean(&value));
+        }
+        name
+    }
+}
+
+/// The Prometheus label name of tag `tag` (`halo_ring`).
+pub fn label(tag: &str) -> String {
+    format!("{PREFIX}_{tag}")
+}
+
+/// A tag value safe in a dotted stats name and a Prometheus label.
+fn clean(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_tags() {
+        let requests = Counter::Requests {
+            ring: "canary",
+            variant: None,
+            status: 200,
+        };
+        assert_eq!(
+            requests.dotted(),
+            "halo.requests.ring.canary.variant.none.status.200"
+        );
+        let decisions = Counter::Decisions {
+            ring: "a.b",
+            variant: Some("v 1"),
+            source: "experiment",
+        };
+        assert_eq!(
+            decisions.dotted(),
+            "halo.decisions.ring.a_b.variant.v_1.source.experiment"
+        );
+        assert_eq!(decisions.values(), ["a.b", "v 1", "experiment"]);
+        assert_eq!(Counter::AttemptRewrites.dotted(), "halo.attempt_rewrites");
+        assert_eq!(
+            Counter::KillswitchFetch {
+                outcome: "accepted"
+            }
+            .dotted(),
+            "halo.killswitch_fetch.outcome.accepted"
+        );
+    }
+}
