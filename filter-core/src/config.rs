@@ -57,6 +57,8 @@ struct RawSettings {
     kill_switch: Option<RawKillSwitch>,
     #[serde(default)]
     route_header: Option<String>,
+    #[serde(default)]
+    test_panic: Option<TestPanic>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -157,6 +159,19 @@ pub struct Config {
     pub route_header: String,
     /// The pushed kill-list envelope (bytes as signed), if any.
     pub kill_list: Option<Vec<u8>>,
+    /// Test only (`settings.testPanic`): the native build panics in this hook, so the live
+    /// suite can prove a panic answers 500 and never takes Envoy down. The wasm build
+    /// ignores it (a panic there traps the VM, which is Envoy's to handle).
+    pub test_panic: Option<TestPanic>,
+}
+
+/// Where `settings.testPanic` makes the native build panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TestPanic {
+    RequestHeaders,
+    RequestBody,
+    ResponseHeaders,
 }
 
 /// What a plugin instance is.
@@ -303,6 +318,7 @@ impl Config {
             kill_switch,
             route_header,
             kill_list: raw.kill_list.map(String::into_bytes),
+            test_panic: s.test_panic,
         })
     }
 }

@@ -487,3 +487,12 @@ fn nothing_pushed_starts_with_no_list_and_no_outcome() {
     assert!(kill.held().is_none());
     assert_eq!(outcome, None);
 }
+
+#[test]
+fn test_panic_is_a_named_hook_or_refused() {
+    assert_eq!(config(json!({})).expect("cfg").test_panic, None);
+    let c = config(json!({"testPanic": "requestBody"})).expect("cfg");
+    assert_eq!(c.test_panic, Some(crate::config::TestPanic::RequestBody));
+    let err = config(json!({"testPanic": "everywhere"})).expect_err("unknown hook");
+    assert!(err.contains("testPanic"), "{err}");
+}

@@ -21,7 +21,7 @@
 
 use halo_filter_core::pipeline::PrefixEdit;
 
-use crate::host::{Body, Stream};
+use crate::ffi::envoy::{Body, Stream};
 
 /// The calls that write an edit, in order: empty the buffered part (when
 /// `drain_buffered`), append `append_buffered` to it, drain `drain_piece` bytes from the
@@ -56,7 +56,7 @@ pub fn writes<'a>(edit: &'a PrefixEdit, body: &'a [u8], buffered: usize) -> Writ
 /// Write `edit` of `body` into the request body Envoy holds. `body` is what Envoy holds
 /// (its buffered part, then the current piece), untouched by any earlier write: the
 /// writes are relative to it.
-pub fn write(s: Stream, edit: &PrefixEdit, body: &[u8]) {
+pub fn write(s: Stream<'_>, edit: &PrefixEdit, body: &[u8]) {
     let buffered = s.request_body_size(Body::Buffered);
     // A piece that is an earlier filter's whole buffer is the buffered part itself, and
     // a buffered part longer than the body is not the one `body` describes: replace all.
@@ -76,7 +76,7 @@ pub fn write(s: Stream, edit: &PrefixEdit, body: &[u8]) {
 
 /// Replace everything Envoy holds with `edit` of `body`, whatever Envoy holds now (after
 /// an earlier write, `body` no longer describes it): the whole body is copied.
-pub fn replace(s: Stream, edit: &PrefixEdit, body: &[u8]) {
+pub fn replace(s: Stream<'_>, edit: &PrefixEdit, body: &[u8]) {
     let rest = body.get(edit.drop..).unwrap_or_default();
     s.drain_request_body(Body::Buffered, usize::MAX);
     s.replace_request_body(Body::Received, &[&edit.prefix, rest]);

@@ -8,16 +8,13 @@
 //! (edited with [`body_edit`]); and one process-wide kill list instead of one per worker
 //! VM.
 //!
-//! - [`abi`]: the hand-written subset of Envoy's dynamic-module C ABI.
-//! - [`host`]: safe calls into Envoy, for a stream and for a configuration, and the core's
-//!   `Host` over them. With the exported `hooks`, the only `unsafe` code.
-//! - `hooks`: the exported event hooks, dispatching to the core's flows.
+//! - [`ffi`]: the ABI, the safe calls made of it and the exported hooks; the only
+//!   `unsafe` code.
+//! - [`host`]: the core's `Host` over those calls.
 //! - [`body_edit`]: a head edit written into Envoy's body without copying the rest.
 //! - [`plugin`]: a filter configuration, its counters and the kill-list poller.
 
-pub mod abi;
 pub mod body_edit;
+pub mod ffi;
 pub mod host;
 pub mod plugin;
-
-mod hooks;

@@ -20,7 +20,7 @@ use halo_filter_core::metrics::{self, Counter, Definition};
 use halo_filter_core::request::Policy;
 use halo_policy::Snapshot;
 
-use crate::host::{ConfigHandle, Scheduler, log};
+use crate::ffi::envoy::{ConfigHandle, ConfigPtr, MainThread, Scheduler, log};
 
 /// A filter configuration.
 pub enum Plugin {
@@ -56,7 +56,7 @@ impl Meter {
     }
 }
 
-fn define(envoy: ConfigHandle, d: Definition) -> Option<usize> {
+fn define(envoy: ConfigHandle<'_>, d: Definition) -> Option<usize> {
     let labels: Vec<String> = d.tags.iter().map(|t| metrics::label(t)).collect();
     let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
     envoy.define_counter(d.name, &labels)
@@ -110,7 +110,7 @@ pub struct RequestPlugin {
     /// Stopped when Envoy destroys the configuration, even while streams still hold it.
     ticker: Mutex<Option<Ticker>>,
     poll: Mutex<PollState>,
-    envoy: ConfigHandle,
+    envoy: ConfigPtr,
 }
 
 /// The kill-list poll's schedule and the callout in flight.
@@ -158,8 +158,9 @@ fn now_secs() -> i64 {
 impl Plugin {
     /// Decode a configuration; `Err` is the reason to refuse it (logged by the caller).
     ///
-    /// Called from `config_new` with its configuration handle.
-    pub fn new(envoy: ConfigHandle, bytes: &[u8]) -> Result<Plugin, String> {
+    /// Called from `config_new` (main thread) with its configuration pointer.
+    pub fn new(ptr: ConfigPtr, main: &MainThread<'_>, bytes: &[u8]) -> Result<Plugin, String> {
+        let envoy = ptr.on(main);
         let env = |name: &str| std::env::var(name).ok();
         let cfg = match Decoded::from_bytes_with_env(bytes, &env).map_err(|e| e.to_string())? {
             Decoded::Attempt => {
@@ -194,7 +195,7 @@ impl Plugin {
                 next: Instant::now(),
                 inflight: None,
             }),
-            envoy,
+            envoy: ptr,
             meter,
             cfg,
         };
@@ -205,7 +206,7 @@ impl Plugin {
 
 /// Logs and counts of a configuration being built (before its [`RequestPlugin`] exists).
 struct Starting<'a> {
-    envoy: ConfigHandle,
+    envoy: ConfigHandle<'a>,
     meter: &'a Meter,
 }
 
@@ -222,7 +223,7 @@ impl Telemetry for Starting<'_> {
 }
 
 impl Ticker {
-    fn start(envoy: ConfigHandle) -> Ticker {
+    fn start(envoy: ConfigHandle<'_>) -> Ticker {
         let scheduler = Arc::new(envoy.scheduler());
         let (stop, stopped) = mpsc::channel::<()>();
         let waker = scheduler.clone();
@@ -251,23 +252,24 @@ impl RequestPlugin {
     /// its scheduler now. Streams still in flight may hold the configuration a while
     /// longer, and the last of them may end on a worker thread; the scheduler must not
     /// outlive Envoy's side of the configuration, nor be deleted from a worker.
-    pub fn stop(&self) {
+    pub fn stop(&self, _main: &MainThread<'_>) {
         let ticker = self.ticker.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(ticker);
     }
 
-    fn telemetry(&self) -> Starting<'_> {
+    fn telemetry<'h>(&'h self, main: &'h MainThread<'_>) -> Starting<'h> {
         Starting {
-            envoy: self.envoy,
+            envoy: self.envoy.on(main),
             meter: &self.meter,
         }
     }
 
     /// A tick (main thread): hand the counts to Envoy, and poll the kill list when due
     /// and no poll is in flight.
-    pub fn on_tick(&self) {
+    pub fn on_tick(&self, main: &MainThread<'_>) {
+        let envoy = self.envoy.on(main);
         for ((id, labels), n) in self.meter.tally.take() {
-            self.envoy.increment(id, &labels, n);
+            envoy.increment(id, &labels, n);
         }
         let Some(ks) = self.cfg.kill_switch.as_ref().filter(|k| k.key.is_ok()) else {
             return;
@@ -278,15 +280,19 @@ impl RequestPlugin {
             return;
         }
         poll.next = now + Duration::from_secs(u64::from(ks.interval_secs.max(1)));
-        match self.call_out(ks) {
+        match call_out(envoy, ks) {
             Some(id) => poll.inflight = Some(id),
-            None => self.telemetry().count(Counter::KillswitchFetch {
+            None => self.telemetry(main).count(Counter::KillswitchFetch {
                 outcome: FetchOutcome::HttpError.as_str(),
             }),
         }
     }
+}
 
-    fn call_out(&self, ks: &KillSwitchSettings) -> Option<u64> {
+/// Call the kill-list server (a configuration-level callout; its answer comes to
+/// `config_http_callout_done`).
+fn call_out(envoy: ConfigHandle<'_>, ks: &KillSwitchSettings) -> Option<u64> {
+    {
         let auth = format!("Bearer {}", ks.token);
         let headers: Vec<(&str, &str)> = vec![
             (":method", "GET"),
@@ -296,12 +302,14 @@ impl RequestPlugin {
             ("authorization", auth.as_str()),
             ("accept", "application/json"),
         ];
-        self.envoy.call_out(&ks.cluster, &headers, 5_000)
+        envoy.call_out(&ks.cluster, &headers, 5_000)
     }
+}
 
+impl RequestPlugin {
     /// A poll's answer (main thread): verify, apply, count. `status` is `None` when the
     /// call failed.
-    pub fn on_poll_answer(&self, id: u64, status: Option<u16>, body: &[u8]) {
+    pub fn on_poll_answer(&self, main: &MainThread<'_>, id: u64, status: Option<u16>, body: &[u8]) {
         {
             let mut poll = self.poll.lock().unwrap_or_else(|e| e.into_inner());
             if poll.inflight != Some(id) {
@@ -310,7 +318,7 @@ impl RequestPlugin {
             poll.inflight = None;
         }
         let mut kill = self.kill.lock().unwrap_or_else(|e| e.into_inner());
-        if kill.on_poll_answer(&self.cfg, status, body, now_secs(), &self.telemetry()) {
+        if kill.on_poll_answer(&self.cfg, status, body, now_secs(), &self.telemetry(main)) {
             let next = kill.effective().clone();
             *self.effective.write().unwrap_or_else(|e| e.into_inner()) = next;
         }

@@ -12,6 +12,7 @@
 //! undefined behaviour); the ones the module returns are `u32` constants.
 
 use std::ffi::{c_char, c_void};
+use std::marker::PhantomData;
 
 /// Bytes owned by Envoy, valid until the current hook returns or a setter changes them.
 #[repr(C)]
@@ -27,9 +28,11 @@ impl EnvoyBuffer {
         length: 0,
     };
 
+    /// The bytes, borrowed no longer than this value (copy them before it goes).
+    ///
     /// # Safety
     /// Envoy wrote this buffer during the current hook, and no setter ran since.
-    pub unsafe fn as_bytes<'a>(self) -> &'a [u8] {
+    pub unsafe fn as_bytes(&self) -> &[u8] {
         if self.ptr.is_null() || self.length == 0 {
             return &[];
         }
@@ -38,44 +41,49 @@ impl EnvoyBuffer {
     }
 }
 
-/// Bytes owned by the module; Envoy copies them during the call.
+/// Bytes owned by the module, borrowed for `'a`; Envoy copies them during the call.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct ModuleBuffer {
+pub struct ModuleBuffer<'a> {
     pub ptr: *const c_char,
     pub length: usize,
+    _bytes: PhantomData<&'a [u8]>,
 }
 
-impl ModuleBuffer {
-    pub fn of(bytes: &[u8]) -> ModuleBuffer {
+impl<'a> ModuleBuffer<'a> {
+    pub fn of(bytes: &'a [u8]) -> ModuleBuffer<'a> {
         ModuleBuffer {
             ptr: bytes.as_ptr().cast(),
             length: bytes.len(),
+            _bytes: PhantomData,
         }
     }
 
-    pub const NULL: ModuleBuffer = ModuleBuffer {
+    pub const NULL: ModuleBuffer<'static> = ModuleBuffer {
         ptr: std::ptr::null(),
         length: 0,
+        _bytes: PhantomData,
     };
 }
 
 #[repr(C)]
-pub struct ModuleHeader {
+pub struct ModuleHeader<'a> {
     pub key_ptr: *const c_char,
     pub key_length: usize,
     pub value_ptr: *const c_char,
     pub value_length: usize,
+    _bytes: PhantomData<&'a str>,
 }
 
-impl ModuleHeader {
+impl<'a> ModuleHeader<'a> {
     /// Borrow `name: value` for one call (Envoy copies it).
-    pub fn of(name: &str, value: &str) -> ModuleHeader {
+    pub fn of(name: &'a str, value: &'a str) -> ModuleHeader<'a> {
         ModuleHeader {
             key_ptr: name.as_ptr().cast(),
             key_length: name.len(),
             value_ptr: value.as_ptr().cast(),
             value_length: value.len(),
+            _bytes: PhantomData,
         }
     }
 }
@@ -136,26 +144,26 @@ pub const BODY_STOP_AND_BUFFER: u32 = 1;
 pub const TRAILERS_CONTINUE: u32 = 0;
 
 unsafe extern "C" {
-    pub fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer);
+    pub fn envoy_dynamic_module_callback_log(level: u32, message: ModuleBuffer<'_>);
 
     pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: FilterConfigEnvoyPtr,
-        name: ModuleBuffer,
-        label_names: *const ModuleBuffer,
+        name: ModuleBuffer<'_>,
+        label_names: *const ModuleBuffer<'_>,
         label_names_length: usize,
         counter_id: *mut usize,
     ) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
         filter: FilterEnvoyPtr,
         id: usize,
-        label_values: *const ModuleBuffer,
+        label_values: *const ModuleBuffer<'_>,
         label_values_length: usize,
         value: u64,
     ) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
         config: FilterConfigEnvoyPtr,
         id: usize,
-        label_values: *const ModuleBuffer,
+        label_values: *const ModuleBuffer<'_>,
         label_values_length: usize,
         value: u64,
     ) -> u32;
@@ -163,7 +171,7 @@ unsafe extern "C" {
     pub fn envoy_dynamic_module_callback_http_get_header(
         filter: FilterEnvoyPtr,
         header_type: u32,
-        key: ModuleBuffer,
+        key: ModuleBuffer<'_>,
         result: *mut EnvoyBuffer,
         index: usize,
         optional_size: *mut usize,
@@ -180,8 +188,8 @@ unsafe extern "C" {
     pub fn envoy_dynamic_module_callback_http_set_header(
         filter: FilterEnvoyPtr,
         header_type: u32,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
+        key: ModuleBuffer<'_>,
+        value: ModuleBuffer<'_>,
     ) -> bool;
 
     pub fn envoy_dynamic_module_callback_http_clear_route_cache(filter: FilterEnvoyPtr);
@@ -189,10 +197,10 @@ unsafe extern "C" {
     pub fn envoy_dynamic_module_callback_http_send_response(
         filter: FilterEnvoyPtr,
         status_code: u32,
-        headers: *const ModuleHeader,
+        headers: *const ModuleHeader<'_>,
         headers_size: usize,
-        body: ModuleBuffer,
-        details: ModuleBuffer,
+        body: ModuleBuffer<'_>,
+        details: ModuleBuffer<'_>,
     );
 
     pub fn envoy_dynamic_module_callback_http_get_body_chunks_size(
@@ -216,7 +224,7 @@ unsafe extern "C" {
     pub fn envoy_dynamic_module_callback_http_append_body(
         filter: FilterEnvoyPtr,
         body_type: u32,
-        data: ModuleBuffer,
+        data: ModuleBuffer<'_>,
     ) -> bool;
     pub fn envoy_dynamic_module_callback_http_received_buffered_request_body(
         filter: FilterEnvoyPtr,
@@ -224,31 +232,31 @@ unsafe extern "C" {
 
     pub fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
         filter: FilterEnvoyPtr,
-        key: ModuleBuffer,
-        value: ModuleBuffer,
+        key: ModuleBuffer<'_>,
+        value: ModuleBuffer<'_>,
     ) -> bool;
     pub fn envoy_dynamic_module_callback_http_get_filter_state_bytes(
         filter: FilterEnvoyPtr,
-        key: ModuleBuffer,
+        key: ModuleBuffer<'_>,
         result: *mut EnvoyBuffer,
     ) -> bool;
 
     pub fn envoy_dynamic_module_callback_http_get_metadata_string(
         filter: FilterEnvoyPtr,
         source: u32,
-        namespace: ModuleBuffer,
-        key: ModuleBuffer,
+        namespace: ModuleBuffer<'_>,
+        key: ModuleBuffer<'_>,
         result: *mut EnvoyBuffer,
     ) -> bool;
     pub fn envoy_dynamic_module_callback_http_get_metadata_keys_count(
         filter: FilterEnvoyPtr,
         source: u32,
-        namespace: ModuleBuffer,
+        namespace: ModuleBuffer<'_>,
     ) -> usize;
     pub fn envoy_dynamic_module_callback_http_get_metadata_keys(
         filter: FilterEnvoyPtr,
         source: u32,
-        namespace: ModuleBuffer,
+        namespace: ModuleBuffer<'_>,
         result: *mut EnvoyBuffer,
     ) -> bool;
 
@@ -276,10 +284,10 @@ unsafe extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
         config: FilterConfigEnvoyPtr,
         callout_id: *mut u64,
-        cluster_name: ModuleBuffer,
-        headers: *const ModuleHeader,
+        cluster_name: ModuleBuffer<'_>,
+        headers: *const ModuleHeader<'_>,
         headers_size: usize,
-        body: ModuleBuffer,
+        body: ModuleBuffer<'_>,
         timeout_milliseconds: u64,
     ) -> u32;
 }
