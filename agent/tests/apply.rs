@@ -108,6 +108,7 @@ impl World {
             xds_gateway_file: None,
             evidence: Default::default(),
             console_url: None,
+            controller: Default::default(),
         };
         let server = halo_server::server::start(&settings).await.unwrap();
         let api = format!("http://{}", server.api_addr);

@@ -63,6 +63,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v1/devices"),
     ("POST", "/api/v1/devices/{id}/revoke"),
     ("GET", "/api/v1/evidence/samples"),
+    ("GET", "/api/v1/controller/status"),
 ];
 
 /// Everything the handlers share.
@@ -80,6 +81,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// The evidence store, when the receivers run.
     pub evidence: Option<Arc<crate::evidence::Evidence>>,
+    /// The in-process controller, with `--controller`.
+    pub controller: Option<Arc<halo_controller::controller::Controller>>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -223,6 +226,7 @@ pub fn router(state: Shared) -> Router {
         .route("/api/v1/devices", get(list_devices))
         .route("/api/v1/devices/{id}/revoke", post(revoke_device))
         .route("/api/v1/evidence/samples", get(crate::evidence::samples))
+        .route("/api/v1/controller/status", get(controller_status))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -381,6 +385,9 @@ async fn metrics(
     }
     if let Some(e) = &state.evidence {
         text.push_str(&e.metrics.render());
+    }
+    if let Some(c) = &state.controller {
+        text.push_str(&crate::controller::render_prometheus(c));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
@@ -933,6 +940,23 @@ async fn fleet_report(
         .await
         .map_err(fleet_error)?;
     Ok((StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response())
+}
+
+/// The controller's state as of its last tick (per experiment: run, verdict with its
+/// evidence table, last action), for `halo controller status` and the admin console.
+async fn controller_status(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Json<halo_controller::controller::Status>, ApiError> {
+    admin(&state, &headers).await?;
+    let controller = state.controller.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "controller_disabled",
+            "this halo-server runs no controller (see --controller)",
+        )
+    })?;
+    Ok(Json(controller.status()))
 }
 
 async fn list_devices(

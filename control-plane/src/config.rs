@@ -139,6 +139,46 @@ pub struct Flags {
     /// request's own host, accepted only on loopback].
     #[arg(long, value_name = "URL", env = "HALO_SERVER_CONSOLE_URL")]
     pub console_url: Option<String>,
+    /// Run the controller in this process: every --controller-interval it reads the
+    /// evidence of the running experiments of the policy served now, decides, and acts
+    /// (kill on gateway evidence with the kill key, PR, webhook). Requires --data-dir
+    /// and an evidence receiver [default: off].
+    #[arg(long, env = "HALO_SERVER_CONTROLLER")]
+    #[serde(default)]
+    pub controller: bool,
+    /// Time between controller ticks, at least 1m [default: 5m].
+    #[arg(long, value_name = "DURATION", env = "HALO_SERVER_CONTROLLER_INTERVAL", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "opt_duration")]
+    pub controller_interval: Option<Duration>,
+    /// A local clone of the policy repo the controller's PRs are pushed from (git and gh
+    /// run there) [default: --policy-dir].
+    #[arg(long, value_name = "DIR", env = "HALO_SERVER_CONTROLLER_POLICY_REPO")]
+    pub controller_policy_repo: Option<PathBuf>,
+    /// The branch controller PRs target [default: main].
+    #[arg(
+        long,
+        value_name = "BRANCH",
+        env = "HALO_SERVER_CONTROLLER_BASE_BRANCH"
+    )]
+    pub controller_base_branch: Option<String>,
+    /// Webhook the controller notifies (signed: X-Halo-Timestamp and an HMAC-SHA256);
+    /// requires --controller-webhook-secret-file [default: none].
+    #[arg(long, value_name = "URL", env = "HALO_SERVER_CONTROLLER_WEBHOOK_URL")]
+    pub controller_webhook_url: Option<String>,
+    /// File holding the webhook's HMAC secret.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "HALO_SERVER_CONTROLLER_WEBHOOK_SECRET_FILE"
+    )]
+    pub controller_webhook_secret_file: Option<PathBuf>,
+    /// The gh program the controller opens PRs with [default: gh on PATH].
+    #[arg(long, value_name = "PROGRAM", env = "HALO_SERVER_CONTROLLER_GH")]
+    pub controller_gh: Option<PathBuf>,
+    /// Send Slack-compatible `{"text": ...}` payloads instead of the JSON message.
+    #[arg(long, env = "HALO_SERVER_CONTROLLER_WEBHOOK_SLACK")]
+    #[serde(default)]
+    pub controller_webhook_slack: bool,
 }
 
 impl Flags {
@@ -173,11 +213,22 @@ impl Flags {
             evidence_postgres_file: self.evidence_postgres_file.or(file.evidence_postgres_file),
             evidence_retention: self.evidence_retention.or(file.evidence_retention),
             console_url: self.console_url.or(file.console_url),
+            controller: self.controller || file.controller,
+            controller_interval: self.controller_interval.or(file.controller_interval),
+            controller_policy_repo: self.controller_policy_repo.or(file.controller_policy_repo),
+            controller_base_branch: self.controller_base_branch.or(file.controller_base_branch),
+            controller_webhook_url: self.controller_webhook_url.or(file.controller_webhook_url),
+            controller_webhook_secret_file: self
+                .controller_webhook_secret_file
+                .or(file.controller_webhook_secret_file),
+            controller_webhook_slack: self.controller_webhook_slack
+                || file.controller_webhook_slack,
+            controller_gh: self.controller_gh.or(file.controller_gh),
         }
     }
 
     /// The path-valued settings, to resolve a file's relative paths against its directory.
-    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 12] {
+    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 14] {
         [
             &mut self.config,
             &mut self.policy_dir,
@@ -191,6 +242,8 @@ impl Flags {
             &mut self.otlp_gateway_token_file,
             &mut self.otlp_eval_token_file,
             &mut self.evidence_postgres_file,
+            &mut self.controller_policy_repo,
+            &mut self.controller_webhook_secret_file,
         ]
     }
 }
@@ -228,6 +281,8 @@ pub struct Settings {
     /// The evidence receivers and store.
     pub evidence: crate::evidence::EvidenceSettings,
     pub console_url: Option<String>,
+    /// The in-process controller.
+    pub controller: crate::controller::ControllerSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -291,6 +346,20 @@ impl Settings {
                     .unwrap_or(crate::evidence::DEFAULT_RETENTION),
             },
             console_url: flags.console_url,
+            controller: crate::controller::ControllerSettings {
+                enabled: flags.controller,
+                interval: flags
+                    .controller_interval
+                    .unwrap_or(halo_controller::controller::DEFAULT_INTERVAL),
+                policy_repo: flags.controller_policy_repo,
+                base_branch: flags
+                    .controller_base_branch
+                    .unwrap_or_else(|| crate::controller::DEFAULT_BASE_BRANCH.to_string()),
+                webhook_url: flags.controller_webhook_url,
+                webhook_secret_file: flags.controller_webhook_secret_file,
+                webhook_slack: flags.controller_webhook_slack,
+                gh: flags.controller_gh,
+            },
         };
         settings.check()?;
         Ok(settings)
@@ -340,6 +409,9 @@ impl Settings {
                 );
             }
         }
+        self.controller
+            .check(self.data_dir.is_some())
+            .map_err(ConfigError::Invalid)?;
         Ok(())
     }
 
@@ -430,10 +502,13 @@ mod tests {
             if matches!(key, "config" | "help" | "version") {
                 continue;
             }
-            let value_name = arg
-                .get_value_names()
-                .and_then(|v| v.first())
-                .map(|s| s.as_str());
+            let value_name = if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+                None
+            } else {
+                arg.get_value_names()
+                    .and_then(|v| v.first())
+                    .map(|s| s.as_str())
+            };
             let (value, shown) = match value_name {
                 Some("ADDR") => {
                     let addr = format!("127.0.0.1:{}", 7000 + i);
@@ -452,6 +527,10 @@ mod tests {
                     let url = format!("https://halos-{i}.example.com");
                     (url.clone(), format!("{url:?}"))
                 }
+                Some("PROGRAM") => (format!("/usr/bin/gh{i}"), format!("\"/usr/bin/gh{i}\"")),
+                Some("BRANCH") => (format!("branch-{i}"), format!("\"branch-{i}\"")),
+                // A switch: `key: true` (the settings show it as a field set to true).
+                None => ("true".to_string(), "true".to_string()),
                 other => panic!("--{key} takes {other:?}: teach this test that kind of value"),
             };
             yaml.push_str(&format!("{key}: {value}\n"));

@@ -1,11 +1,25 @@
-//! The in-process controller's kill switch: halo-controller's [`KillSwitch`] port onto
-//! this server's switch. A controller kill goes through the same append-then-apply and
-//! the same fail-closed audit as an admin's (ADR-0009), with actor `halo-controller`.
+//! `halo-server --controller`: halo-controller's loop in this process, on this server's
+//! ports (spec: low-level design "Controller loop"):
+//! - the policy: [`ServedPolicy`], the policy the server serves *now* (its PolicySource's
+//!   latest accepted state), so an edit to the policy dir reaches the next tick;
+//! - the evidence: the store the receivers write ([`halo_controller::evidence_store`]);
+//! - the kill switch: [`ServerKill`], this server's switch, only with a kill key. A
+//!   controller kill goes through the same append-then-apply and the same fail-closed
+//!   audit as an admin's (ADR-0009), with actor `halo-controller`;
+//! - pull requests: git and gh on a local clone of the policy repo; notifications: the
+//!   signed webhook.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context as _;
 use futures_util::future::BoxFuture;
+use halo_controller::controller::{Controller, PolicyError, PolicySource};
 use halo_controller::kill::{KillError, KillSwitch as ControllerKill};
+use halo_controller::notify::{Format, Notifier, Webhook};
+use halo_controller::pr::GitWriter;
+use halo_xds::source::Served;
 
 use crate::api::audit_kill;
 use crate::killswitch::{Action, Change, KillSwitch, Target};
@@ -13,6 +27,169 @@ use crate::store::Store;
 
 /// The actor the kill log and the audit log name for controller kills.
 pub const ACTOR: &str = "halo-controller";
+
+/// The controller settings, resolved from halo-server's `--controller*` flags
+/// ([`crate::config::Flags`] documents each).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerSettings {
+    pub enabled: bool,
+    pub interval: Duration,
+    /// A local clone of the policy repo PRs are made from [default: the policy dir].
+    pub policy_repo: Option<PathBuf>,
+    pub base_branch: String,
+    pub webhook_url: Option<String>,
+    pub webhook_secret_file: Option<PathBuf>,
+    pub webhook_slack: bool,
+    /// The gh program [default: gh on PATH].
+    pub gh: Option<PathBuf>,
+}
+
+/// The branch controller PRs target by default.
+pub const DEFAULT_BASE_BRANCH: &str = "main";
+
+impl Default for ControllerSettings {
+    fn default() -> Self {
+        ControllerSettings {
+            enabled: false,
+            interval: halo_controller::controller::DEFAULT_INTERVAL,
+            policy_repo: None,
+            base_branch: DEFAULT_BASE_BRANCH.to_string(),
+            webhook_url: None,
+            webhook_secret_file: None,
+            webhook_slack: false,
+            gh: None,
+        }
+    }
+}
+
+impl ControllerSettings {
+    /// What the flags require of each other (files are read by [`build`]).
+    pub fn check(&self, data_dir: bool) -> Result<(), String> {
+        if !self.enabled {
+            return Ok(());
+        }
+        halo_controller::controller::check_interval(self.interval)
+            .map_err(|e| format!("--controller-interval: {e}"))?;
+        if !data_dir {
+            return Err(
+                "--controller requires --data-dir (controller-state.jsonl records each action so it happens once)".into(),
+            );
+        }
+        if self.webhook_url.is_some() != self.webhook_secret_file.is_some() {
+            return Err(
+                "--controller-webhook-url and --controller-webhook-secret-file go together (receivers verify the signature)".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The policy this server serves now, as the controller reads it each tick.
+pub struct ServedPolicy(pub tokio::sync::watch::Receiver<Arc<Served>>);
+
+impl PolicySource for ServedPolicy {
+    fn current(&self) -> BoxFuture<'_, Result<Arc<halo_policy::Org>, PolicyError>> {
+        let org = Arc::new(self.0.borrow().org.clone());
+        Box::pin(async move { Ok(org) })
+    }
+}
+
+/// The controller on this server's ports; `None` unless `--controller`.
+pub fn build(
+    settings: &crate::config::Settings,
+    policy: tokio::sync::watch::Receiver<Arc<Served>>,
+    evidence: Option<Arc<dyn halo_evidence::Store>>,
+    kill: Option<ServerKill>,
+) -> anyhow::Result<Option<Arc<Controller>>> {
+    let c = &settings.controller;
+    if !c.enabled {
+        return Ok(None);
+    }
+    let data_dir = settings
+        .data_dir
+        .as_deref()
+        .context("--controller requires --data-dir")?;
+    let evidence = evidence.context(
+        "--controller reads the evidence store: configure a receiver (--otlp-gateway-listen)",
+    )?;
+    let repo = c
+        .policy_repo
+        .clone()
+        .unwrap_or_else(|| settings.policy_dir.clone());
+    let mut pulls = GitWriter::new(repo.clone(), &c.base_branch);
+    if let Some(gh) = &c.gh {
+        pulls.gh = gh.clone().into_os_string();
+    }
+    // The policy dir may be a folder of the repo: PR edits name files inside it.
+    if let (Ok(dir), Ok(root)) = (
+        std::fs::canonicalize(&settings.policy_dir),
+        std::fs::canonicalize(&repo),
+    ) && let Ok(sub) = dir.strip_prefix(&root)
+    {
+        pulls.policy_subdir = sub.to_path_buf();
+    }
+    let notifier: Option<Arc<dyn Notifier>> = match (&c.webhook_url, &c.webhook_secret_file) {
+        (Some(url), Some(file)) => {
+            let url = reqwest::Url::parse(url)
+                .with_context(|| format!("--controller-webhook-url {url:?}"))?;
+            let secret = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let format = if c.webhook_slack {
+                Format::Slack
+            } else {
+                Format::Generic
+            };
+            Some(Arc::new(
+                Webhook::new(url, secret.trim().as_bytes().to_vec(), format)
+                    .context("the controller webhook")?,
+            ))
+        }
+        _ => None,
+    };
+    let controller = Controller::open(
+        data_dir,
+        Arc::new(ServedPolicy(policy)),
+        Arc::new(halo_controller::evidence_store::StoreEvidence(evidence)),
+        kill.map(|k| Arc::new(k) as Arc<dyn ControllerKill>),
+        Arc::new(pulls),
+        notifier,
+    )
+    .context("opening the controller state")?;
+    Ok(Some(Arc::new(controller)))
+}
+
+/// The controller's counters in Prometheus text.
+pub fn render_prometheus(c: &Controller) -> String {
+    use halo_controller::controller::DECISIONS;
+    use std::fmt::Write as _;
+    use std::sync::atomic::Ordering;
+    let n = &c.counters;
+    let mut out = format!(
+        "# HELP halo_controller_ticks_total Controller ticks run.\n# TYPE halo_controller_ticks_total counter\nhalo_controller_ticks_total {}\n\
+         # HELP halo_controller_tick_failures_total Controller ticks that failed (retried sooner).\n# TYPE halo_controller_tick_failures_total counter\nhalo_controller_tick_failures_total {}\n\
+         # HELP halo_controller_verdicts_total Verdicts by decision.\n# TYPE halo_controller_verdicts_total counter\n",
+        n.ticks.load(Ordering::Relaxed),
+        n.tick_failures.load(Ordering::Relaxed)
+    );
+    for d in DECISIONS {
+        let _ = writeln!(
+            out,
+            "halo_controller_verdicts_total{{decision=\"{}\"}} {}",
+            d.as_str(),
+            n.verdicts(d)
+        );
+    }
+    out.push_str("# HELP halo_controller_actions_total Actions decided (each once per experiment run).\n# TYPE halo_controller_actions_total counter\n");
+    for d in DECISIONS.into_iter().skip(1) {
+        let _ = writeln!(
+            out,
+            "halo_controller_actions_total{{decision=\"{}\"}} {}",
+            d.as_str(),
+            n.actions(d)
+        );
+    }
+    out
+}
 
 /// This server's switch, as the controller trips it. Only built when the server has a
 /// kill key, so what it writes is served.

@@ -112,6 +112,8 @@ pub struct Running {
     pub xds: Option<Arc<crate::xds::XdsHost>>,
     /// The policy dir's watcher: what the API reads (and, with xDS, what is pushed).
     pub policy: Arc<PolicySource>,
+    /// The in-process controller, with `--controller`.
+    pub controller: Option<Arc<halo_controller::controller::Controller>>,
     /// The evidence receivers, when any `--otlp-*-listen` is set.
     pub evidence: Option<crate::evidence::Receivers>,
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -177,6 +179,18 @@ pub async fn start_with(
                 .map_err(policy_error)?,
         ),
     };
+    let controller = crate::controller::build(
+        settings,
+        source.served(),
+        receivers.as_ref().map(|r| Arc::clone(&r.evidence.store)),
+        parts
+            .killswitch
+            .as_ref()
+            .map(|switch| crate::controller::ServerKill {
+                switch: Arc::clone(switch),
+                store: Arc::clone(&parts.store),
+            }),
+    )?;
     let state = Arc::new(AppState {
         policy: source.served(),
         store: parts.store,
@@ -189,6 +203,7 @@ pub async fn start_with(
         metrics: Metrics::default(),
         max_body_bytes: settings.max_body_bytes,
         evidence: receivers.as_ref().map(|r| Arc::clone(&r.evidence)),
+        controller: controller.clone(),
     });
     if let Some(ks) = &state.killswitch {
         ks.spawn_resigner();
@@ -208,7 +223,8 @@ pub async fn start_with(
         .into_make_service_with_connect_info::<Peer>();
     let admin_app = admin_router(Arc::clone(&state), Arc::clone(&source), xds.clone());
     let api_rx = rx.clone();
-    let tasks = vec![
+    let controller_rx = rx.clone();
+    let mut tasks = vec![
         tokio::spawn(async move {
             if let Err(e) = axum::serve(JsonListener(api), api_app)
                 .with_graceful_shutdown(stop(api_rx))
@@ -226,7 +242,13 @@ pub async fn start_with(
             }
         }),
     ];
-    tracing::info!(%api_addr, %admin_addr, kill_switch = state.killswitch.is_some(), storage = %state.store.describe(), "halo-server listening");
+    if let Some(c) = &controller {
+        let (c, interval) = (Arc::clone(c), settings.controller.interval);
+        tasks.push(tokio::spawn(async move {
+            c.run(interval, stop(controller_rx)).await
+        }));
+    }
+    tracing::info!(%api_addr, %admin_addr, controller = controller.is_some(), kill_switch = state.killswitch.is_some(), storage = %state.store.describe(), "halo-server listening");
     Ok(Running {
         api_addr,
         admin_addr,
@@ -234,6 +256,7 @@ pub async fn start_with(
         xds,
         policy: source,
         evidence: receivers,
+        controller,
         shutdown: tx,
         tasks,
     })

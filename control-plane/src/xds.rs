@@ -210,6 +210,7 @@ mod tests {
             xds_gateway_file: Some(file.to_path_buf()),
             evidence: Default::default(),
             console_url: None,
+            controller: Default::default(),
         }
     }
 

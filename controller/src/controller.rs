@@ -161,6 +161,12 @@ pub struct Controller {
     pub counters: Counters,
 }
 
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").finish_non_exhaustive()
+    }
+}
+
 impl Controller {
     /// A controller whose state lives in `data_dir` (controller-state.jsonl and
     /// controller-status.json).

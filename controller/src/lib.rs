@@ -10,12 +10,14 @@
 //! - [`controller`]: the loop and the executor, behind ports for the policy served now,
 //!   the evidence ([`evidence::EvidenceSource`]), the kill switch ([`kill::KillSwitch`]),
 //!   pull requests ([`pr::PullRequests`]) and notifications ([`notify::Notifier`]);
+//! - [`evidence_store`]: the evidence port over halo-evidence's store;
 //! - [`state`]: `controller-state.jsonl`, the fsynced record of every step;
 //! - [`pr`]: git and gh; [`notify`]: the signed webhook.
 
 pub mod controller;
 pub mod decide;
 pub mod evidence;
+pub mod evidence_store;
 pub mod kill;
 pub mod notify;
 pub mod pr;

@@ -452,6 +452,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         xds_gateway_file: None,
         evidence: Default::default(),
         console_url: None,
+        controller: Default::default(),
     };
     let server = halo_server::server::start_with(
         &settings,

@@ -79,6 +79,7 @@ impl Env {
             xds_gateway_file: None,
             evidence: Default::default(),
             console_url: None,
+            controller: Default::default(),
         }
     }
 
