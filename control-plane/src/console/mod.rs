@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{FromRef, Path, Query, State};
+use axum::extract::{FromRef, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -83,7 +84,7 @@ pub fn router(app: Shared, key: Key, url: Option<String>, xds: Option<Arc<XdsHos
 }
 
 /// A refusal: the page to answer instead (boxed: a response is large, refusals rare).
-struct Refusal(Box<Response>);
+pub struct Refusal(Box<Response>);
 
 impl From<Response> for Refusal {
     fn from(r: Response) -> Refusal {
@@ -201,6 +202,20 @@ async fn viewer(console: &Console, jar: &PrivateCookieJar, uri: &Uri) -> Result<
         return Err(forbidden(&session.user, &identity.admin_groups).into());
     }
     Ok(session)
+}
+
+/// A handler that takes a [`Session`] runs only for a signed-in admin; anyone else gets
+/// the sign-in redirect or the 403 page.
+impl FromRequestParts<Console> for Session {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(parts: &mut Parts, console: &Console) -> Result<Session, Refusal> {
+        let jar = match PrivateCookieJar::<Key>::from_request_parts(parts, console).await {
+            Ok(jar) => jar,
+            Err(never) => match never {},
+        };
+        viewer(console, &jar, &parts.uri).await
+    }
 }
 
 fn forbidden(user: &str, groups: &[String]) -> Response {
@@ -504,11 +519,7 @@ async fn logged_out() -> Response {
 // Pages
 // ---------------------------------------------------------------------------
 
-async fn overview(State(console): State<Console>, jar: PrivateCookieJar, uri: Uri) -> Response {
-    let s = match viewer(&console, &jar, &uri).await {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
+async fn overview(State(console): State<Console>, s: Session) -> Response {
     let policy = console.app.policy();
     let org = &policy.org;
     let kills = match &console.app.killswitch {
@@ -648,14 +659,9 @@ fn audit_table(records: &[Value]) -> Markup {
 
 async fn experiment(
     State(console): State<Console>,
-    jar: PrivateCookieJar,
-    uri: Uri,
+    s: Session,
     Path(name): Path<String>,
 ) -> Response {
-    let s = match viewer(&console, &jar, &uri).await {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
     let policy = console.app.policy();
     let Some(e) = policy.org.experiments.get(&name) else {
         return problem_answer(
@@ -745,39 +751,32 @@ async fn experiment(
 
 async fn kill(
     state: State<Console>,
+    s: Session,
     headers: HeaderMap,
-    jar: PrivateCookieJar,
-    uri: Uri,
     name: Path<String>,
     body: Bytes,
 ) -> Response {
-    change(state, headers, jar, uri, name, body, Action::Kill).await
+    change(state, s, headers, name, body, Action::Kill).await
 }
 
 async fn unkill(
     state: State<Console>,
+    s: Session,
     headers: HeaderMap,
-    jar: PrivateCookieJar,
-    uri: Uri,
     name: Path<String>,
     body: Bytes,
 ) -> Response {
-    change(state, headers, jar, uri, name, body, Action::Unkill).await
+    change(state, s, headers, name, body, Action::Unkill).await
 }
 
 async fn change(
     State(console): State<Console>,
+    s: Session,
     headers: HeaderMap,
-    jar: PrivateCookieJar,
-    uri: Uri,
     Path(name): Path<String>,
     body: Bytes,
     action: Action,
 ) -> Response {
-    let s = match viewer(&console, &jar, &uri).await {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
     let fields = match form(&body, &["csrf", "reason"]) {
         Ok(f) => f,
         Err(r) => return r.into_response(),
@@ -808,14 +807,9 @@ async fn change(
 
 async fn audit(
     State(console): State<Console>,
-    jar: PrivateCookieJar,
-    uri: Uri,
+    s: Session,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let s = match viewer(&console, &jar, &uri).await {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
     let get = |k: &str| q.get(k).map(|v| v.trim().to_string()).unwrap_or_default();
     let (action, name, actor) = (get("action"), get("name"), get("actor"));
     let matches = |r: &Value, k: &str, want: &str| {
@@ -868,11 +862,7 @@ async fn audit(
     )
 }
 
-async fn fleet(State(console): State<Console>, jar: PrivateCookieJar, uri: Uri) -> Response {
-    let s = match viewer(&console, &jar, &uri).await {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
+async fn fleet(State(console): State<Console>, s: Session) -> Response {
     let devices = console.app.fleet.list().await;
     let viewer = Viewer {
         user: &s.user,
@@ -910,16 +900,11 @@ async fn fleet(State(console): State<Console>, jar: PrivateCookieJar, uri: Uri) 
 
 async fn revoke(
     State(console): State<Console>,
+    s: Session,
     headers: HeaderMap,
-    jar: PrivateCookieJar,
-    uri: Uri,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let s = match viewer(&console, &jar, &uri).await {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
     let fields = match form(&body, &["csrf"]) {
         Ok(f) => f,
         Err(r) => return r.into_response(),
