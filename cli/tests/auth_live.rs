@@ -84,14 +84,17 @@ async fn claude_code_api_key_helper_gets_a_governed_200_and_survives_expiry() {
         json!({"sub": "u-alice", "email": EMAIL, "email_verified": true, "groups": ["eng"]}),
     );
     let providers = Providers::start().await;
-    let gw = Gateway::start(
-        test_snapshot(&issuer.issuer, &providers),
-        GatewayOptions::default(),
-    );
-
     let tmp = tempfile::tempdir().expect("tempdir");
     let ca = tmp.path().join("ca.pem");
     std::fs::write(&ca, &issuer.ca_pem).expect("CA");
+    // Envoy verifies the issuer's JWKS certificate: it trusts the fake issuer's CA.
+    let gw = Gateway::start(
+        test_snapshot(&issuer.issuer, &providers),
+        GatewayOptions {
+            upstream_ca_file: Some(ca.clone()),
+            ..GatewayOptions::default()
+        },
+    );
     let auth_dir = tmp.path().join("auth");
     let policy = tmp.path().join("policy");
     common::copy_dir(&workspace_root().join("examples/acme-corp"), &policy);
@@ -260,9 +263,13 @@ impl RealHarness {
             std::fs::write(policy.join(name), text).expect("write a policy file");
         }
         let mut org = halo_policy::load::load_dir(&policy).expect("the policy loads");
+        // Envoy verifies the issuer's JWKS certificate: it trusts the fake issuer's CA.
+        let ca = tmp.path().join("ca.pem");
+        std::fs::write(&ca, &issuer.ca_pem).expect("CA");
         let gw = Gateway::start(
             halo_policy::compile(&org),
             GatewayOptions {
+                upstream_ca_file: Some(ca.clone()),
                 settings: json!({"upstreamHosts": ["127.0.0.1"]}),
                 env: vec![
                     (
@@ -293,8 +300,6 @@ impl RealHarness {
             .collect();
 
         // Log in with tokens that live 3 s, and let the login's token expire.
-        let ca = tmp.path().join("ca.pem");
-        std::fs::write(&ca, &issuer.ca_pem).expect("CA");
         let auth_dir = tmp.path().join("auth");
         issuer.set_token_lifetime(3);
         let mut login = Command::new(BIN);
