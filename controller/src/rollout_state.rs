@@ -127,24 +127,17 @@ pub struct RolloutState {
     pub step_started: Option<OffsetDateTime>,
     /// The move decided at `step`, if any (one per step).
     pub action: Option<StepAction>,
-    /// The last move halted the rollout (rollback, pause): nothing more is done until the
-    /// policy moves it (a human's merge).
-    pub halted: bool,
-    pub records: usize,
 }
 
 impl RolloutState {
     fn apply(&mut self, rec: &Record) {
-        self.records += 1;
         match &rec.event {
             Event::StepStarted { step } => {
                 self.step = Some(*step);
                 self.step_started = Some(rec.at);
                 self.action = None;
-                self.halted = false;
             }
             Event::Decided { step, evaluation } => {
-                self.halted = evaluation.action.halts();
                 self.action = Some(StepAction {
                     step: *step,
                     decided_at: rec.at,
@@ -170,6 +163,14 @@ impl RolloutState {
                 }
             }
         }
+    }
+
+    /// The move decided at the current step halted the rollout (rollback, pause): nothing
+    /// more is done until the policy moves it to another step (a human's merge).
+    pub fn halted(&self) -> bool {
+        self.action
+            .as_ref()
+            .is_some_and(|a| a.evaluation.action.halts())
     }
 
     fn action_at(&mut self, step: u32) -> Option<&mut StepAction> {

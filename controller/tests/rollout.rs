@@ -279,7 +279,7 @@ fn the_chain_survives_a_restart_with_its_bake_clock_and_actions() {
     let s = chain.state();
     assert_eq!(s.step, Some(0));
     assert_eq!(s.step_started, Some(T0), "the bake resumes where it was");
-    assert!(s.halted);
+    assert!(s.halted());
     assert_eq!(s.decided(0), Some(Move::Rollback));
     let a = s.action.as_ref().unwrap();
     assert_eq!(a.kill_outcome, Some(KillOutcome::Killed));
@@ -298,7 +298,7 @@ fn the_chain_survives_a_restart_with_its_bake_clock_and_actions() {
         .unwrap();
     let chain = rollout_state::load(data.path(), "sonnet-bedrock").unwrap();
     assert_eq!(chain.state().step, Some(1));
-    assert!(!chain.state().halted);
+    assert!(!chain.state().halted());
     assert_eq!(chain.state().decided(1), None);
 }
 
