@@ -569,9 +569,10 @@ fn native_filter(name: &str, module_path: &str, configuration: &str) -> Value {
             "dynamic_module_config": {
                 "name": "halo_filter_native",
                 "module": {"local": {"filename": module_path}},
-                // Counters are `halo.<name>` with their tags as labels, named as the wasm
-                // build's (Prometheus: `halo_requests{halo_ring=...}`).
-                "metrics_namespace": "halo",
+                // Counters are `halo.<name>` with their tags as labels, under a namespace
+                // Prometheus names leave out ([`runtime`]): `halo_requests{halo_ring=...}`,
+                // as the wasm build's.
+                "metrics_namespace": names::NATIVE_METRICS_NAMESPACE,
             },
             "filter_name": name,
             "filter_config": {
@@ -689,6 +690,23 @@ pub fn stats_tags() -> Value {
     Value::Array(tags)
 }
 
+/// The runtime of a gateway's Envoy, both modes (envoy/ads.yaml holds the same):
+/// Envoy's defaults, plus the native build's metrics namespace registered as a custom
+/// one, which Prometheus names leave out as they leave out the wasm build's `wasmcustom`
+/// (without it they read `envoy_halocustom_halo_requests`). Envoy 1.40 keeps that behind
+/// a runtime guard; tests/tests/decision.rs checks the names both builds export.
+pub fn runtime() -> Value {
+    json!({"layers": [
+        {"name": "halo", "static_layer": {STRIP_CUSTOM_STAT_PREFIX: true}},
+        {"name": "admin", "admin_layer": {}},
+    ]})
+}
+
+/// The runtime guard that registers a dynamic module's metrics namespace as a custom
+/// stat namespace ([`runtime`]).
+pub const STRIP_CUSTOM_STAT_PREFIX: &str =
+    "envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix";
+
 /// The whole standalone bootstrap.
 pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderError> {
     let mut settings = opts.settings.clone();
@@ -778,6 +796,7 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         "node": {"id": "halo", "cluster": "halo"},
         "admin": {"address": {"socket_address": {"address": opts.admin_address, "port_value": opts.admin_port}}},
         "stats_config": {"stats_tags": stats_tags()},
+        "layered_runtime": runtime(),
         "static_resources": {
             "listeners": [{
                 "name": "halo",

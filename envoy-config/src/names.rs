@@ -25,6 +25,10 @@ pub const FILTER_NAME: &str = "halo";
 /// The identity provider's JWKS cluster.
 pub const JWKS_CLUSTER: &str = "halo-jwks";
 
+/// The stats namespace of the native build's counters (Envoy prefixes each counter a
+/// dynamic module defines with it; the wasm build's is Envoy's `wasmcustom`).
+pub const NATIVE_METRICS_NAMESPACE: &str = "halocustom";
+
 /// The endpoint metadata namespace (`filter_metadata.halo`) of every target's facts; the
 /// per-attempt stage reads [`ENDPOINT_FACTS_KEY`] there.
 pub const METADATA_NAMESPACE: &str = "halo";

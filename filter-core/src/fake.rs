@@ -72,6 +72,7 @@ pub struct FakeEnvoy<const PIECEWISE: bool> {
     pub note: Option<Vec<u8>>,
     pub facts: Option<Vec<u8>>,
     pub response_code: Option<u32>,
+    pub response_code_details: Option<String>,
     /// The request body Envoy holds (every piece so far, with the flow's edits).
     pub body: Vec<u8>,
     /// The length of the piece handed to the current body hook (piecewise).
@@ -165,6 +166,10 @@ impl<const P: bool> Host for FakeEnvoy<P> {
 
     fn response_code(&self) -> Option<u32> {
         self.response_code
+    }
+
+    fn response_code_details(&self) -> Option<String> {
+        self.response_code_details.clone()
     }
 
     fn set_attempt_note(&mut self, value: &[u8]) {
@@ -267,17 +272,32 @@ impl Policy for TestPolicy {
 /// What a request did: the hooks' answers and the fake Envoy after them.
 pub struct Run<const P: bool> {
     pub envoy: FakeEnvoy<P>,
+    /// The request hooks' answers.
     pub answers: Vec<Next>,
+    /// The request filter's answer to the response headers (when it did not reply itself).
+    pub response: Option<Next>,
 }
 
 /// Run the request filter on a request whose headers are in `envoy` and whose body
 /// arrives in `pieces` (none: it ends with its headers), then complete the stream with
-/// `status` (the reply's when the flow answered).
+/// `status` (the reply's when the flow answered), an upstream's answer.
 pub fn request<const P: bool>(
+    policy: &TestPolicy,
+    envoy: FakeEnvoy<P>,
+    pieces: &[&[u8]],
+    status: u32,
+) -> Run<P> {
+    request_answered(policy, envoy, pieces, status, "via_upstream")
+}
+
+/// [`request`], with the answer's status and Envoy's response code details (`details`)
+/// passed to the request filter's answer path unless the flow answered itself.
+pub fn request_answered<const P: bool>(
     policy: &TestPolicy,
     mut envoy: FakeEnvoy<P>,
     pieces: &[&[u8]],
     status: u32,
+    details: &str,
 ) -> Run<P> {
     let mut flow = RequestFlow::new();
     let mut answers = vec![flow.on_request_headers(&mut envoy, policy, pieces.is_empty())];
@@ -289,9 +309,19 @@ pub fn request<const P: bool>(
         envoy.piece = piece.len();
         answers.push(flow.on_request_body(&mut envoy, policy, i + 1 == pieces.len()));
     }
+    let mut response = None;
+    if envoy.sent.is_none() {
+        envoy.response = vec![(":status".into(), status.to_string())];
+        envoy.response_code_details = Some(details.to_string());
+        response = Some(flow.on_response_headers(&mut envoy));
+    }
     envoy.response_code = Some(envoy.sent.as_ref().map_or(status, |s| u32::from(s.status)));
     flow.on_stream_complete(&mut envoy);
-    Run { envoy, answers }
+    Run {
+        envoy,
+        answers,
+        response,
+    }
 }
 
 /// Run the per-attempt stage on an attempt (note, facts and headers in `envoy`) whose
@@ -307,7 +337,11 @@ pub fn attempt<const P: bool>(mut envoy: FakeEnvoy<P>, pieces: &[&[u8]]) -> Run<
         envoy.piece = piece.len();
         answers.push(flow.on_request_body(&mut envoy, i + 1 == pieces.len()));
     }
-    Run { envoy, answers }
+    Run {
+        envoy,
+        answers,
+        response: None,
+    }
 }
 
 /// Run the stage's response side on an answer with `headers` in `pieces`.

@@ -628,3 +628,113 @@ fn an_error_answer_from_a_translated_target_goes_to_the_client_as_written() {
             .contains(&("content-type".into(), "application/json".into()))
     );
 }
+
+/// The last answer of a routed model call, as the request filter sees it: `status` with
+/// Envoy's response code `details`, on the `path` of a `body` call.
+fn last_answer(path: &str, body: &[u8], status: u32, details: &str) -> Run<true> {
+    let p = policy(json!({}));
+    let user = user_in(&p, 0);
+    let mut e = post::<true>(Some(&user), body, &[]);
+    e.set_header(":path", Some(path));
+    fake::request_answered(&p, e, &[body], status, details)
+}
+
+#[test]
+fn every_target_failing_is_answered_503_no_available_target_in_the_wires_shape() {
+    let anthropic = messages("sonnet", 10);
+    // A provider's 5xx or 429 after the last attempt, Envoy's own failure to connect, or
+    // every breaker open: the wire's error shape, never the provider's body.
+    for (status, details) in [
+        (503, "via_upstream"),
+        (500, "via_upstream"),
+        (429, "via_upstream"),
+        (
+            503,
+            "upstream_reset_before_response_started{remote_connection_failure}",
+        ),
+        (504, "upstream_per_try_timeout"),
+        (503, "no_healthy_upstream"),
+    ] {
+        let r = last_answer("/v1/messages", &anthropic, status, details);
+        assert_eq!(r.response, Some(Next::Stop), "{status} {details}");
+        let sent = r.envoy.sent.expect("answered");
+        assert_eq!(sent.status, 503, "{status} {details}");
+        assert_eq!(sent.json()["type"], "error");
+        assert_eq!(sent.error_type(), "no_available_target");
+        assert_eq!(
+            sent.json()["error"]["message"],
+            crate::request::ALL_FAILED_MESSAGE
+        );
+        // Counted once, as the client got it (the stream's end runs after the reply).
+        let counts = r.envoy.rec.counts.borrow();
+        let requests: Vec<_> = counts
+            .iter()
+            .filter(|c| c.starts_with("halo.requests."))
+            .collect();
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert!(requests[0].ends_with(".status.503"), "{requests:?}");
+    }
+    // OpenAI's shape for Codex.
+    let responses = json!({"model": "sonnet", "input": "hi"}).to_string();
+    let r = last_answer("/v1/responses", responses.as_bytes(), 502, "via_upstream");
+    let sent = r.envoy.sent.expect("answered");
+    assert_eq!(sent.json()["error"]["code"], "no_available_target");
+    assert_eq!(sent.json()["error"]["type"], "no_available_target");
+    assert!(sent.json().get("type").is_none(), "{}", sent.json());
+}
+
+#[test]
+fn a_success_a_client_error_or_the_gateways_own_refusal_passes_untouched() {
+    let body = messages("sonnet", 10);
+    for (status, details) in [
+        // A success (a stream starts with it) and a provider's answer that is not a
+        // failure to move on from.
+        (200, "via_upstream"),
+        (400, "via_upstream"),
+        // The per-attempt chain's own refusals (a Lua or module local reply).
+        (502, "lua_response"),
+        (502, "dynamic_module"),
+    ] {
+        let r = last_answer("/v1/messages", &body, status, details);
+        assert_eq!(r.response, Some(Next::Continue), "{status} {details}");
+        assert!(r.envoy.sent.is_none(), "{status} {details}");
+    }
+    // A refusal of the request filter's own is not looked at again.
+    let p = policy(json!({}));
+    let r = fake::request_answered(&p, post::<true>(None, &body, &[]), &[&body], 503, "");
+    assert_eq!(r.envoy.sent.map(|s| s.status), Some(401));
+    assert_eq!(r.response, None);
+}
+
+#[test]
+fn the_error_shapes_of_no_available_target_per_wire() {
+    use crate::pipeline::Reply;
+    use halo_policy::types::WireProtocol;
+    let json = |r: &Reply| serde_json::from_slice::<Value>(&r.body).expect("json");
+    let r = Reply::no_available_target(WireProtocol::Gemini, "m");
+    assert_eq!(json(&r)["error"]["status"], "UNAVAILABLE");
+    assert_eq!(json(&r)["error"]["code"], 503);
+    assert_eq!(
+        json(&r)["error"]["details"][0]["reason"],
+        "no_available_target"
+    );
+    let r = Reply::no_available_target(WireProtocol::BedrockInvoke, "m");
+    assert_eq!(json(&r), json!({"message": "m"}));
+    assert!(r.headers.contains(&(
+        "x-amzn-errortype".into(),
+        "ServiceUnavailableException".into()
+    )));
+    for wire in [
+        WireProtocol::AnthropicMessages,
+        WireProtocol::OpenaiResponses,
+        WireProtocol::Gemini,
+        WireProtocol::BedrockInvoke,
+    ] {
+        let r = Reply::no_available_target(wire, "m");
+        assert_eq!(r.status, 503);
+        assert!(
+            r.headers
+                .contains(&("content-type".into(), "application/json".into()))
+        );
+    }
+}

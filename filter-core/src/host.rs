@@ -69,6 +69,9 @@ pub trait Host: Telemetry {
     ) -> Option<VerifiedClaims>;
     /// The response code sent downstream, once there is one.
     fn response_code(&self) -> Option<u32>;
+    /// Envoy's response code details (`via_upstream`, `upstream_reset_before_response_started{...}`,
+    /// a filter's local reply's), once there is an answer.
+    fn response_code_details(&self) -> Option<String>;
 
     /// Leave the request filter's note for every attempt of this stream.
     fn set_attempt_note(&mut self, value: &[u8]);

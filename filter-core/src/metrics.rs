@@ -4,10 +4,16 @@
 //! build writes the tags into the name as `.<tag>.<value>` pairs
 //! (`halo.requests.ring.canary.variant.none.status.200`), which the bootstrap's
 //! `stats_config.stats_tags` (see halo-envoy-config) extracts; the native build defines
-//! each counter with its tags as labels (`halo_ring`...). Prometheus shows both as
-//! `halo_requests{halo_ring="canary",halo_variant="none",halo_status="200"}`. Values never
-//! carry a user id, a header or a body: only policy names (rings, variants), sources,
-//! outcomes and status codes.
+//! each counter (`halo.requests`) with its tags as labels (`halo_ring`...). Envoy keeps
+//! each build's counters under a namespace it leaves out of Prometheus names
+//! (`wasmcustom`; the native build's, registered by the bootstrap's runtime), so
+//! Prometheus shows both as
+//! `halo_requests{halo_ring="canary",halo_variant="none",halo_status="200"}`, and the
+//! per-attempt stage's counts as the request filter's (`halo_attempt_rewrites`, not under
+//! the cluster). The counters without tags are defined when a configuration starts, so
+//! they read 0 rather than missing. The names are listed in docs/request-flows.md
+//! ("Metrics"). Values never carry a user id, a header or a body: only policy names
+//! (rings, variants), sources, outcomes and status codes.
 
 /// One count of one counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +75,26 @@ pub const PANICS: Definition = Definition {
     tags: &[],
 };
 
+/// Every counter.
+pub const ALL: [Definition; 6] = [
+    REQUESTS,
+    AUTH_FAILURES,
+    DECISIONS,
+    KILLSWITCH_FETCH,
+    ATTEMPT_REWRITES,
+    PANICS,
+];
+
 /// The prefix of every counter name (and of every Prometheus label name).
 pub const PREFIX: &str = "halo";
+
+impl Definition {
+    /// The counter's stats name without its tags (`halo.requests`): the native build's
+    /// name, and the wasm build's for a counter without tags.
+    pub fn stat_name(&self) -> String {
+        format!("{PREFIX}.{}", self.name)
+    }
+}
 
 impl Counter<'_> {
     pub fn definition(&self) -> Definition {
@@ -113,7 +137,7 @@ impl Counter<'_> {
     /// The name with its tags in it (the wasm build's stats name).
     pub fn dotted(&self) -> String {
         let d = self.definition();
-        let mut name = format!("{PREFIX}.{}", d.name);
+        let mut name = d.stat_name();
         for (tag, value) in d.tags.iter().zip(self.values()) {
             name.push('.');
             name.push_str(tag);

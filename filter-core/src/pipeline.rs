@@ -113,6 +113,43 @@ impl Reply {
         r
     }
 
+    /// 503 `no_available_target` in the error shape of the client's wire: no target
+    /// routes the alias, or every target the request tried failed (a connect error, a
+    /// 5xx or a 429: [`crate::request`]'s response path). Claude Code and Codex read
+    /// their own shapes' message; Gemini CLI prints Google's error; a Bedrock client
+    /// (the AWS SDK) reads the error type from `x-amzn-errortype`.
+    pub fn no_available_target(wire: WireProtocol, message: &str) -> Reply {
+        const TYPE: &str = "no_available_target";
+        let (body, extra) = match wire {
+            WireProtocol::AnthropicMessages => (
+                serde_json::json!({"type": "error", "error": {"type": TYPE, "message": message}}),
+                None,
+            ),
+            WireProtocol::OpenaiResponses => (
+                serde_json::json!({"error": {"type": TYPE, "code": TYPE, "message": message, "param": null}}),
+                None,
+            ),
+            WireProtocol::Gemini => (
+                serde_json::json!({"error": {"code": 503, "message": message, "status": "UNAVAILABLE",
+                    "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                                 "reason": TYPE, "domain": "halos"}]}}),
+                None,
+            ),
+            WireProtocol::BedrockInvoke => (
+                serde_json::json!({"message": message}),
+                Some(("x-amzn-errortype", "ServiceUnavailableException")),
+            ),
+        };
+        let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+        headers.extend(extra.map(|(n, v)| (n.to_string(), v.to_string())));
+        Reply {
+            status: 503,
+            headers,
+            body: body.to_string().into_bytes(),
+            reason: "route",
+        }
+    }
+
     pub fn too_large(max: u64) -> Reply {
         let mut r = Reply::error(
             413,
@@ -348,13 +385,10 @@ pub fn on_body(
     let decision = decide::decide(snap, &pending.caller, &call.alias);
     let order = route::route_order(&decision.targets, pending.pick_key.as_deref(), &call.alias);
     if order.is_empty() {
-        let mut r = Reply::error(
-            503,
-            "no_available_target",
-            format!("no target routes {:?}", call.alias),
-        );
-        r.reason = "route";
-        return Err(r);
+        return Err(Reply::no_available_target(
+            call.wire,
+            &format!("no target routes {:?}", call.alias),
+        ));
     }
     // Which targets can serve this call (wire, count_tokens): the first pick is the first
     // of them, and the aggregate walks only them.

@@ -12,14 +12,19 @@ use halo_policy::Snapshot;
 use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
 use halo_policy::decide::UNKNOWN_RING;
+use halo_policy::types::WireProtocol;
 
 use crate::attempt::{self};
 use crate::cidr;
 use crate::config::{Config, IdentityMode};
-use crate::host::{Host, Next};
+use crate::host::{Host, Level, Next};
 use crate::hygiene;
 use crate::metrics::Counter;
 use crate::pipeline::{self, Forward, Head, Pending, PrefixEdit, Reply};
+
+/// The message of the answer when every target of a model call failed.
+pub const ALL_FAILED_MESSAGE: &str =
+    "every target of this model failed or is unavailable; try again later";
 
 /// The configuration a request runs under: the settings, and the snapshot in force (the
 /// policy with the kill list applied, which a poll may replace at any time).
@@ -49,6 +54,13 @@ pub struct RequestFlow {
     removals: Vec<String>,
     ring: Option<String>,
     variant: Option<String>,
+    /// The wire of a model call routed to its targets (the answer path checks whether they
+    /// all failed).
+    routed: Option<WireProtocol>,
+    /// The request is counted already (its answer was replaced: Envoy may end the stream
+    /// while the hook that replaced it still runs, and a native build then cannot run
+    /// the stream's end for it).
+    counted: bool,
 }
 
 /// The answer when the filter has no configuration (its configuration was refused).
@@ -264,6 +276,7 @@ impl RequestFlow {
             }
         }
         if let Some(mut note) = forward.attempt_note.take() {
+            self.routed = Some(note.wire);
             // Every attempt starts from the client's values of the headers a translation
             // changes: an earlier attempt's changes stay in the shared header map.
             // The client's credentials are still here only with forwardAuth (hygiene
@@ -293,15 +306,73 @@ impl RequestFlow {
         self.variant = forward.variant;
     }
 
+    /// The answer's headers. When every attempt of a model call failed, Envoy sends on
+    /// the last failure it met: a provider's 5xx or 429 body, or its own plain-text 503
+    /// for a refused connection. The filter answers 503 `no_available_target` in the
+    /// client wire's error shape instead ([`every_target_failed`]). Decidable here: the
+    /// router retries each such failure while attempts and targets remain (the route's
+    /// `retry_on`), so one that reaches the request filter is the last. A streamed answer
+    /// began with a success and passes untouched.
+    pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Next {
+        let Some(wire) = self.routed.take() else {
+            return Next::Continue;
+        };
+        let status = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        let details = host.response_code_details();
+        if !every_target_failed(status, details.as_deref()) {
+            return Next::Continue;
+        }
+        host.log(
+            Level::Info,
+            &format!(
+                "halo: every target of a model call failed (last: {} {}); answered 503 no_available_target",
+                status.unwrap_or(0),
+                details.as_deref().unwrap_or("-"),
+            ),
+        );
+        let reply = Reply::no_available_target(wire, ALL_FAILED_MESSAGE);
+        self.count_request(host, u32::from(reply.status));
+        host.send_response(reply.status, &reply.headers, &reply.body);
+        Next::Stop
+    }
+
     /// The stream ended: count it by ring, variant and status.
     pub fn on_stream_complete<H: Host>(&mut self, host: &mut H) {
         let status = host.response_code().unwrap_or(0);
+        self.count_request(host, status);
+    }
+
+    /// Count the request by ring, variant and `status`, once.
+    fn count_request<H: Host>(&mut self, host: &mut H, status: u32) {
+        if std::mem::replace(&mut self.counted, true) {
+            return;
+        }
         host.count(Counter::Requests {
             ring: self.ring.as_deref().unwrap_or(UNKNOWN_RING),
             variant: self.variant.as_deref(),
             status,
         });
     }
+}
+
+/// Whether an answer with `status`, which Envoy describes as `details` (its response
+/// code details), is the last failure of a model call's attempts: a status that moves an
+/// attempt to the next target (5xx, 429: the route's `retry_on`) that came from an
+/// upstream (`via_upstream`) or from Envoy failing to reach one (`upstream_*`: a refused
+/// or reset connection, a timeout; `no_healthy_upstream`: every target's breaker open).
+/// A refusal of the gateway's own on an attempt (the per-attempt stage's `bad_upstream`,
+/// the credential chain's `upstream_auth_error`) is a filter's local reply, with other
+/// details, and passes as it is.
+pub fn every_target_failed(status: Option<u16>, details: Option<&str>) -> bool {
+    let moves_on = status.is_some_and(|s| {
+        s >= 500 || halo_envoy_config::bootstrap::RETRIABLE_STATUS_CODES.contains(&u32::from(s))
+    });
+    let from_upstream = details.is_some_and(|d| {
+        d == "via_upstream" || d.starts_with("upstream_") || d == "no_healthy_upstream"
+    });
+    moves_on && from_upstream
 }
 
 /// The least announced body length for which [`RequestFlow::edit_early`] edits before

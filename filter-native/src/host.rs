@@ -11,7 +11,7 @@ use halo_filter_core::pipeline::{PrefixEdit, VerifiedClaims};
 
 use crate::body_edit;
 use crate::ffi::envoy::{Body, Stream, log};
-use crate::plugin::Meter;
+use crate::plugin::{Meter, STAGE_COUNTS};
 
 const JWT_METADATA: &str = "envoy.filters.http.jwt_authn";
 
@@ -34,7 +34,8 @@ impl Telemetry for NativeHost<'_> {
     }
 
     /// Request counts go to the tally (handed to Envoy on the next tick); the others,
-    /// rare, to Envoy at once.
+    /// rare, to Envoy at once; the per-attempt stage's (no counters of its own) to
+    /// [`STAGE_COUNTS`], handed over on the next tick too.
     fn count(&self, counter: Counter<'_>) {
         let id = self.meter.id(&counter);
         match counter {
@@ -42,8 +43,9 @@ impl Telemetry for NativeHost<'_> {
                 self.meter.tally.add(id, &counter.values());
             }
             Counter::KillswitchFetch { .. } | Counter::AttemptRewrites | Counter::Panics => {
-                if let Some(id) = id {
-                    self.s.increment(id, &counter.values());
+                match id {
+                    Some(id) => self.s.increment(id, &counter.values()),
+                    None => STAGE_COUNTS.add(&counter),
                 }
             }
         }
@@ -106,6 +108,10 @@ impl Host for NativeHost<'_> {
 
     fn response_code(&self) -> Option<u32> {
         self.s.response_code()
+    }
+
+    fn response_code_details(&self) -> Option<String> {
+        self.s.response_code_details()
     }
 
     fn set_attempt_note(&mut self, value: &[u8]) {

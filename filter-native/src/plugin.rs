@@ -8,6 +8,7 @@
 //! module shares the process's memory.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -59,7 +60,46 @@ impl Meter {
 fn define(envoy: ConfigHandle<'_>, d: Definition) -> Option<usize> {
     let labels: Vec<String> = d.tags.iter().map(|t| metrics::label(t)).collect();
     let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-    envoy.define_counter(d.name, &labels)
+    envoy.define_counter(&d.stat_name(), &labels)
+}
+
+/// The per-attempt stage's counts, handed to Envoy by a request filter configuration's
+/// tick under its own counters.
+///
+/// Why not counters of the stage's configuration: Envoy gives an upstream filter its
+/// cluster's stats scope, so they would be `cluster.<aggregate>.halo.attempt_rewrites`
+/// (Prometheus `envoy_cluster_halo_attempt_rewrites{envoy_cluster_name=...}`), not the
+/// `halo_attempt_rewrites` the wasm build exports. The module is loaded once per process,
+/// so the stage and the request filter share this; the first configuration to tick takes
+/// the counts, and each is handed over once.
+pub struct StageCounts {
+    attempt_rewrites: AtomicU64,
+    panics: AtomicU64,
+}
+
+pub static STAGE_COUNTS: StageCounts = StageCounts {
+    attempt_rewrites: AtomicU64::new(0),
+    panics: AtomicU64::new(0),
+};
+
+impl StageCounts {
+    /// Count one of `counter` (the stage counts only attempt rewrites and panics).
+    pub fn add(&self, counter: &Counter<'_>) {
+        let slot = match counter {
+            Counter::AttemptRewrites => &self.attempt_rewrites,
+            Counter::Panics => &self.panics,
+            _ => return,
+        };
+        slot.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts since the last take: (attempt rewrites, panics).
+    fn take(&self) -> (u64, u64) {
+        (
+            self.attempt_rewrites.swap(0, Ordering::Relaxed),
+            self.panics.swap(0, Ordering::Relaxed),
+        )
+    }
 }
 
 /// Request counts kept in the module and handed to Envoy on each tick (once a second).
@@ -164,12 +204,9 @@ impl Plugin {
         let env = |name: &str| std::env::var(name).ok();
         let cfg = match Decoded::from_bytes_with_env(bytes, &env).map_err(|e| e.to_string())? {
             Decoded::Attempt => {
+                // No counters of its own: its counts go to [`STAGE_COUNTS`].
                 return Ok(Plugin::Attempt(AttemptPlugin {
-                    meter: Meter {
-                        attempt_rewrites: define(envoy, metrics::ATTEMPT_REWRITES),
-                        panics: define(envoy, metrics::PANICS),
-                        ..Meter::default()
-                    },
+                    meter: Meter::default(),
                 }));
             }
             Decoded::Request(cfg) => *cfg,
@@ -179,8 +216,9 @@ impl Plugin {
             auth_failures: define(envoy, metrics::AUTH_FAILURES),
             decisions: define(envoy, metrics::DECISIONS),
             killswitch_fetch: define(envoy, metrics::KILLSWITCH_FETCH),
+            attempt_rewrites: define(envoy, metrics::ATTEMPT_REWRITES),
             panics: define(envoy, metrics::PANICS),
-            ..Meter::default()
+            tally: Tally::default(),
         };
         let start = Starting {
             envoy,
@@ -270,6 +308,15 @@ impl RequestPlugin {
         let envoy = self.envoy.on(main);
         for ((id, labels), n) in self.meter.tally.take() {
             envoy.increment(id, &labels, n);
+        }
+        let (rewrites, panics) = STAGE_COUNTS.take();
+        for (id, n) in [
+            (self.meter.attempt_rewrites, rewrites),
+            (self.meter.panics, panics),
+        ] {
+            if let Some(id) = id.filter(|_| n > 0) {
+                envoy.increment(id, &[] as &[&str], n);
+            }
         }
         let Some(ks) = self.cfg.kill_switch.as_ref().filter(|k| k.key.is_ok()) else {
             return;

@@ -12,7 +12,7 @@ use halo_filter_core::attempt::ATTEMPT_PROPERTY;
 use halo_filter_core::config::{Config, IdentitySettings, Plugin};
 use halo_filter_core::host::{Host, Level, Next, Telemetry};
 use halo_filter_core::killstate::{Enforced, FetchOutcome};
-use halo_filter_core::metrics::Counter;
+use halo_filter_core::metrics::{self, Counter};
 use halo_filter_core::pipeline::{PrefixEdit, VerifiedClaims};
 use halo_filter_core::request::{self, Policy, RequestFlow};
 use halo_filter_core::stage::StageFlow;
@@ -47,19 +47,32 @@ impl Telemetry for Metrics {
     }
 
     fn count(&self, counter: Counter<'_>) {
-        let name = counter.dotted();
+        if let Some(id) = self.define(counter.dotted()) {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+}
+
+impl Metrics {
+    /// The id of counter `name`, defined in this VM on first use.
+    fn define(&self, name: String) -> Option<u32> {
         let known = self.0.borrow().get(&name).copied();
-        let id = match known {
-            Some(id) => id,
-            None => match hostcalls::define_metric(MetricType::Counter, &name) {
-                Ok(id) => {
-                    self.0.borrow_mut().insert(name, id);
-                    id
-                }
-                Err(_) => return,
-            },
-        };
-        let _ = hostcalls::increment_metric(id, 1);
+        match known {
+            Some(id) => Some(id),
+            None => {
+                let id = hostcalls::define_metric(MetricType::Counter, &name).ok()?;
+                self.0.borrow_mut().insert(name, id);
+                Some(id)
+            }
+        }
+    }
+
+    /// Define the counters without tags now, so they read 0 until counted (as the native
+    /// build's do) instead of missing.
+    fn define_untagged(&self) {
+        for d in metrics::ALL.iter().filter(|d| d.tags.is_empty()) {
+            let _ = self.define(d.stat_name());
+        }
     }
 }
 
@@ -95,35 +108,6 @@ fn now_ms() -> i64 {
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// WASI's environment calls, which Envoy provides to every wasm module: they return the
-/// variables listed in the plugin's `vm_config.environment_variables`.
-mod wasi {
-    #[link(wasm_import_module = "wasi_snapshot_preview1")]
-    unsafe extern "C" {
-        pub fn environ_sizes_get(count: *mut usize, buf_size: *mut usize) -> u16;
-        pub fn environ_get(environ: *mut *mut u8, environ_buf: *mut u8) -> u16;
-    }
-}
-
-/// A variable of the plugin VM's environment (WASI's `NAME=value` entries).
-fn vm_env(name: &str) -> Option<String> {
-    let (mut count, mut size) = (0usize, 0usize);
-    // SAFETY: environ_get writes `count` pointers and `size` bytes, the sizes the first
-    // call reported, into buffers of exactly those sizes.
-    let buf = unsafe {
-        if wasi::environ_sizes_get(&mut count, &mut size) != 0 {
-            return None;
-        }
-        let mut pointers: Vec<*mut u8> = vec![std::ptr::null_mut(); count];
-        let mut buf = vec![0u8; size];
-        if wasi::environ_get(pointers.as_mut_ptr(), buf.as_mut_ptr()) != 0 {
-            return None;
-        }
-        buf
-    };
-    halo_filter_core::config::env_entry(&buf, name)
 }
 
 impl Context for Root {
@@ -178,8 +162,9 @@ fn publish(state: &State) {
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
+        self.metrics.define_untagged();
         let bytes = self.get_plugin_configuration().unwrap_or_default();
-        let cfg = match Plugin::from_bytes_with_env(&bytes, &vm_env) {
+        let cfg = match Plugin::from_bytes_with_env(&bytes, &crate::wasi::vm_env) {
             Ok(Plugin::Request(cfg)) => *cfg,
             Ok(Plugin::Attempt) => {
                 self.attempt_stage = true;
@@ -355,6 +340,10 @@ impl Host for WasmHost<'_> {
             .and_then(|c| u32::try_from(c).ok())
     }
 
+    fn response_code_details(&self) -> Option<String> {
+        Self::property(vec!["response", "code_details"]).and_then(|b| String::from_utf8(b).ok())
+    }
+
     fn set_attempt_note(&mut self, value: &[u8]) {
         let _ = hostcalls::set_property(vec![ATTEMPT_PROPERTY], Some(value));
     }
@@ -474,6 +463,14 @@ impl HttpContext for Http {
             return Action::Continue;
         };
         action(self.flow.on_request_body(&mut host, state, end_of_stream))
+    }
+
+    fn on_http_response_headers(&mut self, _num: usize, _end_of_stream: bool) -> Action {
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size: 0,
+        };
+        action(self.flow.on_response_headers(&mut host))
     }
 
     fn on_log(&mut self) {

@@ -8,3 +8,9 @@
 
 #[cfg(target_arch = "wasm32")]
 mod glue;
+#[cfg(target_arch = "wasm32")]
+#[allow(
+    unsafe_code,
+    reason = "WASI's environment imports, which proxy-wasm does not wrap; the block says why it is sound"
+)]
+mod wasi;

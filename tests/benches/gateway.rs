@@ -23,7 +23,9 @@
 //!
 //! Knobs: HALO_BENCH_SECS (default 5 per comparison), HALO_BENCH_SIZES (KiB,
 //! comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the filter alone, no
-//! jwt_authn), HALO_BENCH_BUILDS (`wasm,native` by default). HALO_BENCH_LOAD=1 also runs
+//! jwt_authn), HALO_BENCH_BUILDS (`wasm,native` by default), HALO_BENCH_BASELINE_WASM and
+//! HALO_BENCH_BASELINE_NATIVE (an earlier build's module: run beside the build and compared
+//! with it, paired, in the same run). HALO_BENCH_LOAD=1 also runs
 //! the closed-loop load table (each Envoy in turn, HALO_BENCH_CONNS connections, default
 //! 4; HALO_BENCH_REPS interleaved repetitions with medians, default 1).
 //!
@@ -461,7 +463,10 @@ async fn main() {
         count_instructions(&snap, &sink.url, no_jwt, &builds, &token, requests).await;
         return;
     }
-    let gateways: Vec<(String, Gateway)> = builds
+    // Each build, then each build's baseline module when one is given
+    // (HALO_BENCH_BASELINE_WASM, HALO_BENCH_BASELINE_NATIVE: an earlier build of the
+    // filter), compared with the build in the same run.
+    let mut modules: Vec<(String, std::path::PathBuf)> = builds
         .iter()
         .map(|build| {
             let module = match build.as_str() {
@@ -469,6 +474,21 @@ async fn main() {
                 "native" => halo_testkit::filter_native_path(),
                 other => panic!("HALO_BENCH_BUILDS: {other:?} is not wasm or native"),
             };
+            (format!("halo {build}"), module)
+        })
+        .collect();
+    let baselines_of: Vec<(String, String)> = builds
+        .iter()
+        .filter_map(|build| {
+            let path = std::env::var_os(format!("HALO_BENCH_BASELINE_{}", build.to_uppercase()))?;
+            let name = format!("halo {build} baseline");
+            modules.push((name.clone(), path.into()));
+            Some((format!("halo {build}"), name))
+        })
+        .collect();
+    let gateways: Vec<(String, Gateway)> = modules
+        .into_iter()
+        .map(|(name, module)| {
             assert!(
                 module.exists(),
                 "{} is missing: build it first",
@@ -481,9 +501,16 @@ async fn main() {
             if no_jwt {
                 opts.settings = json!({"identity": {"mode": "none"}});
             }
-            (format!("halo {build}"), Gateway::start(snap.clone(), opts))
+            (name, Gateway::start(snap.clone(), opts))
         })
         .collect();
+    let url_of = |name: &str| {
+        gateways
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, gw)| format!("{}/v1/messages", gw.base))
+            .expect("a started gateway")
+    };
     let start_bare = |baseline: Baseline| {
         let port = halo_testkit::free_port();
         let admin = halo_testkit::free_port();
@@ -529,6 +556,12 @@ async fn main() {
             let result = paired(bare_url, &url, Some(&token), &b, secs).await;
             result.print(&label, &format!("{name} vs bare"));
             result.verdict(kib, name);
+        }
+        // Each build against its baseline directly: what the change between them costs.
+        for (current, baseline) in &baselines_of {
+            paired(&url_of(baseline), &url_of(current), Some(&token), &b, secs)
+                .await
+                .print(&label, &format!("{current} vs {baseline}"));
         }
     }
     if std::env::var_os("HALO_BENCH_LOAD").is_none() {

@@ -757,23 +757,25 @@ impl Gateway {
             .sum()
     }
 
-    /// The filter's counter `name` (dotted, as defined by the filter): the wasm build's
-    /// `wasmcustom.<name>`, or the native build's `<name>` (under the cluster's scope for
-    /// the per-attempt stage), summed.
+    /// The filter's series in `/stats/prometheus` (`halo_requests{halo_ring="general",...}`,
+    /// the same in both builds) with their values.
+    pub fn filter_series(&self) -> std::collections::BTreeMap<String, u64> {
+        self.envoy
+            .prometheus()
+            .lines()
+            .filter(|l| l.starts_with("halo_"))
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                Some((series.to_string(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The filter's counter `name` (dotted, as defined by the filter) under either
+    /// build's namespace (`wasmcustom.<name>`, `halocustom.<name>`), summed.
     pub fn counter(&self, name: &str) -> u64 {
         let name = name.replace('.', "\\.");
-        self.envoy
-            .stat_sum(&format!("(^|\\.)(wasmcustom\\.)?{name}$"))
-    }
-}
-
-/// The Prometheus name of the filter's metric `name` (`halo_requests`...): Envoy prints
-/// the wasm build's custom stats bare and the native build's under its `envoy_` prefix.
-pub fn prometheus_metric(name: &str) -> String {
-    if halo_testkit::filter_is_native() {
-        format!("envoy_{name}")
-    } else {
-        name.to_string()
+        self.envoy.stat_sum(&format!("(^|\\.){name}$"))
     }
 }
 

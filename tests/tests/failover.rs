@@ -56,6 +56,12 @@ async fn fixture() -> Fixture {
             "on-429": tiers("limited", "model-429", "backup-after-429"),
             "on-refused": tiers("refused", "model-refused", "backup-after-refused"),
             "on-cut": tiers("cut", "model-cut", "backup-after-cut"),
+            // Every target fails: a 503 then a 429, or a refused connection.
+            "all-fail": [
+                {"upstream": "unavailable", "model": "all-fail-503"},
+                {"upstream": "limited", "model": "all-fail-429", "priority": 1},
+            ],
+            "unreachable": [{"upstream": "refused", "model": "unreachable-model"}],
         },
         "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
         "experiments": [],
@@ -119,8 +125,13 @@ async fn each_failover_attempt_carries_its_own_targets_model_id() {
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.json()["model"], "backup-after-refused");
 
-    // The stage counted the attempts that needed another model id.
-    assert!(f.gw.counter("halo.attempt_rewrites") >= 3);
+    // The stage counted the attempts that needed another model id (the native build
+    // hands its counts to Envoy once a second).
+    halo_testkit::wait_until(
+        "three attempt rewrites counted",
+        std::time::Duration::from_secs(10),
+        || (f.gw.counter("halo.attempt_rewrites") >= 3).then_some(()),
+    );
     // Nothing internal reached a provider.
     for s in f.backup.seen() {
         assert_eq!(s.header("x-halo-attempt"), None);
@@ -158,4 +169,110 @@ async fn an_upstream_that_fails_after_sending_headers_is_not_retried() {
         before,
         "a response byte reached the client: no retry"
     );
+}
+
+/// One dashboard serves both builds: the same requests give the same Prometheus series,
+/// names and labels, in the wasm and the native build (scripts/test.sh runs this binary
+/// with each), compared with one list. The per-attempt stage's rewrites are the request
+/// filter's `halo_attempt_rewrites`, not a cluster's, and the counters without labels
+/// read 0 until counted (the panics counter: tests/tests/panics.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_builds_export_the_same_series() {
+    let f = fixture().await;
+    let auth = [("authorization", f.token.as_str())];
+    // A failover to tier 1's model (one rewrite), and an identity refusal.
+    let a =
+        f.gw.post("/v1/messages", &auth, &msg("on-503", false))
+            .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let a = f.gw.post("/v1/messages", &[], &msg("on-503", false)).await;
+    assert_eq!(a.status, 401, "{}", a.text());
+
+    let expected: std::collections::BTreeMap<String, u64> = [
+        ("halo_attempt_rewrites{}", 1),
+        ("halo_auth_failures{}", 1),
+        (
+            r#"halo_decisions{halo_ring="general",halo_variant="none",halo_source="gateway"}"#,
+            1,
+        ),
+        ("halo_panics{}", 0),
+        (
+            r#"halo_requests{halo_ring="general",halo_variant="none",halo_status="200"}"#,
+            1,
+        ),
+        (
+            r#"halo_requests{halo_ring="unknown",halo_variant="none",halo_status="401"}"#,
+            1,
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    // The native build hands its counts to Envoy once a second: a bounded poll.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let series = loop {
+        let series = f.gw.filter_series();
+        if series == expected || std::time::Instant::now() > deadline {
+            break series;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(
+        series,
+        expected,
+        "the filter's series in /stats/prometheus ({})",
+        if halo_testkit::filter_is_native() {
+            "native"
+        } else {
+            "wasm"
+        }
+    );
+}
+
+/// Every target failing is answered `503 no_available_target` in the client wire's error
+/// shape (spec: "If every target fails"), never the last provider's body nor Envoy's
+/// plain-text 503 for a refused connection; a stream asked for gets the same answer, as
+/// no byte of one was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_target_failing_is_answered_503_no_available_target() {
+    let f = fixture().await;
+    let auth = [("authorization", f.token.as_str())];
+    for (alias, stream) in [
+        ("all-fail", false),
+        ("all-fail", true),
+        ("unreachable", false),
+    ] {
+        let a = f.gw.post("/v1/messages", &auth, &msg(alias, stream)).await;
+        assert_eq!(a.status, 503, "{alias}: {}", a.text());
+        assert_eq!(
+            a.header("content-type"),
+            Some("application/json"),
+            "{alias}"
+        );
+        assert_eq!(a.json()["type"], "error", "{alias}: {}", a.text());
+        assert_eq!(
+            a.json()["error"]["type"],
+            "no_available_target",
+            "{alias}: {}",
+            a.text()
+        );
+        assert_eq!(a.header("x-provider"), None, "{alias}: a provider's answer");
+    }
+    // Both targets were tried for each request, each with its own model id.
+    for (p, model) in [
+        (&f.unavailable, "all-fail-503"),
+        (&f.limited, "all-fail-429"),
+    ] {
+        let seen = models_seen(p);
+        assert!(seen.len() >= 2, "{model}: {seen:?}");
+        assert!(seen.iter().all(|m| m == model), "{seen:?}");
+    }
+    // Counted under the status the client got.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let key = r#"halo_requests{halo_ring="general",halo_variant="none",halo_status="503"}"#;
+    while f.gw.filter_series().get(key) != Some(&3) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let series = f.gw.filter_series();
+    assert_eq!(series.get(key), Some(&3), "{series:?}");
 }

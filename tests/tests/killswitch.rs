@@ -99,8 +99,7 @@ impl Setup {
 
     fn outcome(&self, outcome: &str) -> u64 {
         self.gw.prometheus_sum(&format!(
-            "{}{{halo_outcome=\"{outcome}\"}}",
-            prometheus_metric("halo_killswitch_fetch")
+            "halo_killswitch_fetch{{halo_outcome=\"{outcome}\"}}"
         ))
     }
 

@@ -70,6 +70,8 @@ async fn a_panicking_response_hook_lets_the_answer_pass() {
             0
         };
         assert_eq!(gw.counter("halo.panics"), panics);
+        // Under the name the wasm build's dashboard reads (0 there).
+        assert_eq!(gw.filter_series().get("halo_panics{}"), Some(&panics));
     }
     assert_eq!(p.a.seen().len(), 2);
 }

@@ -124,6 +124,7 @@ pub const METADATA_HOST: u32 = 3;
 
 /// `envoy_dynamic_module_type_attribute_id`.
 pub const ATTRIBUTE_RESPONSE_CODE: u32 = 15;
+pub const ATTRIBUTE_RESPONSE_CODE_DETAILS: u32 = 16;
 pub const ATTRIBUTE_SOURCE_ADDRESS: u32 = 24;
 
 /// `envoy_dynamic_module_type_http_callout_init_result`.

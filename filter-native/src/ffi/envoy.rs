@@ -398,6 +398,20 @@ impl Stream<'_> {
         }
     }
 
+    /// Envoy's response code details, once there is an answer.
+    pub fn response_code_details(self) -> Option<String> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: live stream; copied at once.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
+                self.ptr,
+                abi::ATTRIBUTE_RESPONSE_CODE_DETAILS,
+                &mut out,
+            )
+            .then(|| owned(out.as_bytes()))
+        }
+    }
+
     /// The response code sent downstream, once there is one.
     pub fn response_code(self) -> Option<u32> {
         let mut out = 0u64;

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use halo_filter_core::config::TestPanic;
 use halo_filter_core::host::{Level, Next};
+use halo_filter_core::metrics::Counter;
 use halo_filter_core::request::RequestFlow;
 use halo_filter_core::stage::StageFlow;
 
@@ -32,7 +33,7 @@ use super::abi::{
 };
 use super::envoy::{ConfigPtr, MainThread, Stream, log};
 use crate::host::NativeHost;
-use crate::plugin::{AttemptPlugin, Meter, Plugin, RequestPlugin, TICK_EVENT};
+use crate::plugin::{AttemptPlugin, Meter, Plugin, RequestPlugin, STAGE_COUNTS, TICK_EVENT};
 
 /// A stream's filter: the flow and its configuration.
 // One per stream and boxed once (`filter_new`): boxing the larger variant as well would
@@ -172,8 +173,10 @@ unsafe fn stream_hook(
         Err(_) => {
             drop(f);
             slot.failed.set(true);
-            if let Some(id) = slot.panics {
-                s.increment(id, &[] as &[&str]);
+            match slot.panics {
+                Some(id) => s.increment(id, &[] as &[&str]),
+                // The per-attempt stage has no counters of its own.
+                None => STAGE_COUNTS.add(&Counter::Panics),
             }
             log(
                 Level::Error,
@@ -451,10 +454,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     unsafe {
         stream_hook(envoy, filter, Hook::ResponseHeaders, |s, f| {
             f.panic_if(TestPanic::ResponseHeaders);
-            if let Filter::Stage { plugin, flow } = f {
-                headers_status(flow.on_response_headers(&mut NativeHost::new(s, &plugin.meter)))
-            } else {
-                abi::HEADERS_CONTINUE
+            match f {
+                Filter::Stage { plugin, flow } => {
+                    headers_status(flow.on_response_headers(&mut NativeHost::new(s, &plugin.meter)))
+                }
+                Filter::Request { plugin, flow } => {
+                    headers_status(flow.on_response_headers(&mut NativeHost::new(s, &plugin.meter)))
+                }
             }
         })
     }
