@@ -4,11 +4,13 @@
 //! `gateway routes`; `keys generate` makes the ed25519 key pairs that sign releases and
 //! kill lists; `kill`, `unkill` and `killswitch status` call halo-server's admin API;
 //! `auth login | token | status | logout` is the developer's own token (halo-auth);
-//! `evidence query` summarizes an experiment's evidence from halo-server.
+//! `evidence query` summarizes an experiment's evidence from halo-server;
+//! `controller status` and `rollout status NAME` show the controller's view.
 //! Exit codes: 0 success, 1 an invalid policy or a failed operation, 2 a usage error,
 //! 3 not logged in or the session ended (`halo auth ...`).
 
 mod auth;
+mod controller;
 mod envoy;
 mod evidence;
 mod gateway;
@@ -48,6 +50,8 @@ Examples:
   halo unkill toggle deep-reasoning --reason fixed --server URL --token-file admin.jwt
   halo killswitch status --server URL --token-file admin.jwt
   halo auth login --policy-dir examples/acme-corp      # once per machine
+  halo controller status --server URL --token-file admin.jwt
+  halo rollout status sonnet-bedrock --server URL --token-file admin.jwt
   halo auth token --audience api://halos               # what apiKeyHelper runs
   halo auth status
 
@@ -120,6 +124,16 @@ enum Command {
         #[command(subcommand)]
         command: evidence::EvidenceCommand,
     },
+    /// halo-server's controller: its verdicts and actions as of the last tick.
+    Controller {
+        #[command(subcommand)]
+        command: controller::ControllerCommand,
+    },
+    /// Rollouts the controller drives: steps, gates, bake and the state file's chain.
+    Rollout {
+        #[command(subcommand)]
+        command: controller::RolloutCommand,
+    },
 }
 
 /// How a command failed.
@@ -156,6 +170,8 @@ fn main() -> ExitCode {
         Command::Killswitch { command } => killswitch::run(command),
         Command::Auth { command } => auth::run(command),
         Command::Evidence { command } => evidence::run(command),
+        Command::Controller { command } => controller::run_controller(command),
+        Command::Rollout { command } => controller::run_rollout(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
-//! `halo evidence query` against a real halo-server on loopback whose gateway receiver
-//! got OTLP records: the per-variant table (n, mean, interval) and `--json`.
+//! The CLI's views of a real halo-server on loopback: `halo evidence query` after its
+//! gateway receiver got OTLP records (the per-variant table: n, mean, interval; and
+//! `--json`), and `halo controller status` / `halo rollout status` after a controller tick.
 
 #[path = "../../control-plane/tests/support/mod.rs"]
 mod support;
@@ -115,5 +116,107 @@ async fn evidence_query_prints_the_per_variant_summary() {
     // A user who is not an admin is refused, and says so.
     let out = halo(query(&[]), env.user_token()).await;
     assert!(!out.status.success());
+    server.stop().await;
+}
+
+/// `halo controller status` and `halo rollout status` against a halo-server running the
+/// controller, after one tick: the example's traffic rollout (sonnet-bedrock, step 1)
+/// baking, its state file's chain verified; an unknown rollout is a clear refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_and_rollout_status_print_the_last_tick() {
+    let env = Env::new().await;
+    // The other running experiments name session metrics the gateway's store does not
+    // compute (their ticks would fail): paused here, as in halo-server's controller test.
+    for other in ["claude-opus-default", "gpt-shadow"] {
+        let f = env.path("policy").join(format!("experiments/{other}.yaml"));
+        let text = std::fs::read_to_string(&f).unwrap();
+        std::fs::write(
+            &f,
+            text.replace("\nstatus: running\n", "\nstatus: paused\n"),
+        )
+        .unwrap();
+    }
+    let token = env.path("otlp-gateway.token");
+    std::fs::write(&token, OTLP_GATEWAY_TOKEN).unwrap();
+    let mut settings = env.settings();
+    settings.evidence.gateway_listen = Some("127.0.0.1:0".parse().unwrap());
+    settings.evidence.gateway_token_file = Some(token);
+    settings.controller.enabled = true;
+    let server = serve(&settings).await;
+    let controller = server.running.as_ref().unwrap().controller.clone().unwrap();
+    controller
+        .tick_within_budget(time::OffsetDateTime::now_utc())
+        .await
+        .expect("the tick succeeds");
+
+    let base = server.base.clone();
+    let args = |a: &[&str]| -> Vec<String> {
+        a.iter()
+            .map(|s| s.to_string())
+            .chain(["--server".to_string(), base.clone()])
+            .collect()
+    };
+    let out = halo(
+        args(&["rollout", "status", "sonnet-bedrock"]),
+        env.admin_token(),
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("traffic axis, experiment sonnet-bedrock-canary"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("chain verified, 1 record(s)"), "{stdout}");
+    assert!(
+        stdout.contains("* 1"),
+        "the current step is marked: {stdout}"
+    );
+    // The server's own loop ticked first, a moment earlier: about 24 h left.
+    assert!(stdout.contains("bake left: 86"), "{stdout}");
+    assert!(stdout.contains("halo.api.error_rate"), "{stdout}");
+
+    let out = halo(
+        args(&["rollout", "status", "sonnet-bedrock", "--json"]),
+        env.admin_token(),
+    )
+    .await;
+    let body: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(body["chain"]["verified"], true);
+    assert_eq!(body["controller"]["state"], "evaluated");
+    assert_eq!(body["controller"]["evaluation"]["action"]["move"], "hold");
+    assert_eq!(body["rollout"]["steps"][1]["ring"], "canary");
+
+    let out = halo(args(&["controller", "status"]), env.admin_token()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("sonnet-bedrock "))
+        .unwrap_or_else(|| panic!("a line for the rollout: {stdout}"));
+    assert!(
+        line.contains("evaluated") && line.contains("hold"),
+        "{line}"
+    );
+
+    let out = halo(
+        args(&["rollout", "status", "no-such-rollout"]),
+        env.admin_token(),
+    )
+    .await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown_name") || stderr.contains("no rollout named"),
+        "{stderr}"
+    );
     server.stop().await;
 }

@@ -64,6 +64,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/devices/{id}/revoke"),
     ("GET", "/api/v1/evidence/samples"),
     ("GET", "/api/v1/controller/status"),
+    ("GET", "/api/v1/rollouts/{name}"),
 ];
 
 /// Everything the handlers share.
@@ -227,6 +228,7 @@ pub fn router(state: Shared) -> Router {
         .route("/api/v1/devices/{id}/revoke", post(revoke_device))
         .route("/api/v1/evidence/samples", get(crate::evidence::samples))
         .route("/api/v1/controller/status", get(controller_status))
+        .route("/api/v1/rollouts/{name}", get(rollout_status))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -957,6 +959,48 @@ async fn controller_status(
         )
     })?;
     Ok(Json(controller.status()))
+}
+
+/// One rollout: its document as served now (steps, gates and bounds, current step), the
+/// controller's last evaluation of it (gate values, bake left, the move decided at this
+/// step and its actions) and its state file's hash chain, verified now. For `halo rollout
+/// status NAME` and the admin console.
+async fn rollout_status(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    admin(&state, &headers).await?;
+    let policy = state.policy();
+    let Some(rollout) = policy.org.rollouts.get(&name) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_name",
+            format!("the served policy has no rollout named {name:?}"),
+        )
+        .with(json!({"target": "rollout", "name": name})));
+    };
+    let (report, chain) = match &state.controller {
+        None => (None, None),
+        Some(c) => {
+            let report = c.status().rollouts.get(&name).cloned();
+            let chain = match halo_controller::rollout_state::load(c.data_dir(), &name) {
+                Ok(chain) => json!({
+                    "verified": true,
+                    "records": chain.records().len(),
+                    "head": chain.head(),
+                    "state": chain.state(),
+                }),
+                Err(e) => json!({"verified": false, "error": e.to_string()}),
+            };
+            (report, Some(chain))
+        }
+    };
+    Ok(Json(json!({
+        "rollout": rollout,
+        "controller": report,
+        "chain": chain,
+    })))
 }
 
 async fn list_devices(

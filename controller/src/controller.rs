@@ -24,10 +24,11 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use crate::decide::{self, Decision, Inputs, Row, Verdict};
+use crate::drive::RolloutReport;
 use crate::evidence::EvidenceSource;
 use crate::kill::{KillOutcome, KillSwitch};
 use crate::notify::{Message, Notifier};
-use crate::pr::{PrRequest, PullRequests};
+use crate::pr::{Edit, PrRequest, PullRequests};
 use crate::state::{ActionState, Event, StateError, StateLog, rfc3339};
 
 /// The default interval between ticks.
@@ -141,6 +142,9 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     pub experiments: BTreeMap<String, ExperimentReport>,
+    /// The running rollouts (step 11).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rollouts: BTreeMap<String, RolloutReport>,
 }
 
 /// The file the status is written to after every tick, beside the state file.
@@ -158,6 +162,8 @@ pub struct Controller {
     state: tokio::sync::Mutex<StateLog>,
     status: Mutex<Status>,
     status_path: Option<std::path::PathBuf>,
+    /// Where controller-state.jsonl, the status and `rollouts/` live.
+    data_dir: std::path::PathBuf,
     pub counters: Counters,
 }
 
@@ -187,8 +193,14 @@ impl Controller {
             state: tokio::sync::Mutex::new(StateLog::open(data_dir)?),
             status: Mutex::new(Status::default()),
             status_path: Some(data_dir.join(STATUS_FILE)),
+            data_dir: data_dir.to_path_buf(),
             counters: Counters::default(),
         })
+    }
+
+    /// The data dir the controller's state lives in.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
     }
 
     /// The status as of the last tick.
@@ -280,10 +292,27 @@ impl Controller {
             reports.insert(exp.name.clone(), report);
         }
         drop(log);
+        // Step 11: the running rollouts.
+        let mut rollouts = BTreeMap::new();
+        for r in org
+            .rollouts
+            .values()
+            .filter(|r| r.status == RolloutStatus::Running)
+        {
+            let report = match self.drive(&org, r, now).await {
+                Ok(report) => report,
+                Err(e) => {
+                    failed.push(format!("rollout {}: {e}", r.name));
+                    RolloutReport::failed(r, e)
+                }
+            };
+            rollouts.insert(r.name.clone(), report);
+        }
         let status = Status {
             last_tick: Some(rfc3339(now)),
             last_error: failed.first().cloned(),
             experiments: reports,
+            rollouts,
         };
         self.publish(status);
         if let Some(first) = failed.first() {
@@ -423,7 +452,13 @@ impl Controller {
         let name = exp.name.as_str();
         let rollback = action.decision == Decision::Rollback;
         if rollback && action.kill_outcome.is_none() {
-            let outcome = self.trip(name, &action.verdict).await;
+            let gateway = action
+                .verdict
+                .deciding
+                .as_ref()
+                .is_some_and(|d| d.is_gateway_only());
+            let reason = format!("halo controller rollback: {}", action.verdict.reason);
+            let outcome = self.trip(name, gateway, &reason).await;
             log.append(now, name, run, Event::Kill { outcome })
                 .map_err(|e| e.to_string())?;
             action.kill_outcome = Some(outcome);
@@ -455,20 +490,16 @@ impl Controller {
         }
     }
 
-    /// Trip the kill switch for a rollback, if the evidence allows and a key exists.
-    async fn trip(&self, name: &str, verdict: &Verdict) -> KillOutcome {
-        let gateway = verdict
-            .deciding
-            .as_ref()
-            .is_some_and(|d| d.is_gateway_only());
+    /// Trip the kill switch for a rollback, if the evidence allows (`gateway`: the
+    /// deciding evidence is gateway-sourced alone) and a key exists.
+    pub(crate) async fn trip(&self, name: &str, gateway: bool, reason: &str) -> KillOutcome {
         if !gateway {
             return KillOutcome::NotGatewayEvidence;
         }
         let Some(kill) = &self.kill else {
             return KillOutcome::NotEnforced;
         };
-        let reason = format!("halo controller rollback: {}", verdict.reason);
-        match kill.kill(name, &reason).await {
+        match kill.kill(name, reason).await {
             Ok(()) if kill.served() => KillOutcome::Killed,
             Ok(()) => KillOutcome::KillWritten,
             Err(e) => {
@@ -512,9 +543,7 @@ impl Controller {
             ),
         };
         let request = PrRequest {
-            experiment: name.to_string(),
-            file,
-            status,
+            edits: vec![Edit::experiment_status(file, name, status)],
             branch: format!(
                 "halo-controller/{name}/run-{run}-{}",
                 action.decision.as_str()
@@ -525,7 +554,7 @@ impl Controller {
         self.pulls.open(&request).await.map_err(|e| e.to_string())
     }
 
-    async fn send(&self, msg: &Message) -> Result<(), String> {
+    pub(crate) async fn send(&self, msg: &Message) -> Result<(), String> {
         match &self.notifier {
             Some(n) => n
                 .notify(msg)

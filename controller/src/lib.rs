@@ -7,6 +7,7 @@
 //! - [`decide`]: one experiment's verdict from its evidence (pure, time passed in);
 //! - [`rollout`]: a rollout step's move from its bake, gates and guardrails (pure);
 //! - [`rollout_state`]: `rollouts/<name>.json`, each rollout's hash-chained history;
+//! - [`drive`]: step 11, each running rollout's tick: evaluate, then its move's actions;
 //! - [`controller`]: the loop and the executor, behind ports for the policy served now,
 //!   the evidence ([`evidence::EvidenceSource`]), the kill switch ([`kill::KillSwitch`]),
 //!   pull requests ([`pr::PullRequests`]) and notifications ([`notify::Notifier`]);
@@ -16,6 +17,7 @@
 
 pub mod controller;
 pub mod decide;
+pub mod drive;
 pub mod evidence;
 pub mod evidence_store;
 pub mod kill;

@@ -16,6 +16,7 @@ use sha2::Sha256;
 
 use crate::decide::{Decision, Row};
 use crate::kill::KillOutcome;
+use crate::rollout::GateReading;
 
 /// The timestamp header.
 pub const TIMESTAMP_HEADER: &str = "x-halo-timestamp";
@@ -43,6 +44,13 @@ pub struct Message {
     pub table: Vec<Row>,
     /// One paragraph for a chat channel.
     pub text: String,
+    /// A rollout's move (`event` is then `rollout_<move>`): its name, step and gates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gates: Vec<GateReading>,
 }
 
 impl Message {
@@ -57,6 +65,9 @@ impl Message {
             pull_request: None,
             table: Vec::new(),
             text: String::new(),
+            rollout: None,
+            step: None,
+            gates: Vec::new(),
         }
     }
 }

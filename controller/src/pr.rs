@@ -14,8 +14,13 @@ use halo_policy::types::ExperimentStatus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrError {
-    #[error("{file}: no Experiment document named {experiment} with a top-level status line")]
-    NoStatusLine { file: String, experiment: String },
+    #[error("{file}: no {kind} document named {name} with a top-level {key} line")]
+    NoField {
+        file: String,
+        kind: &'static str,
+        name: String,
+        key: &'static str,
+    },
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
@@ -31,13 +36,52 @@ pub enum PrError {
     TempDir(std::io::Error),
 }
 
-/// One pull request to open.
+/// One line of a policy document to change: the top-level `key:` of the `kind` document
+/// named `name` in `file` (relative to the policy directory).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Edit {
+    pub file: PathBuf,
+    /// The document's kind as written (`Experiment`, `Rollout`).
+    pub kind: &'static str,
+    pub name: String,
+    pub key: &'static str,
+    pub value: String,
+}
+
+impl Edit {
+    /// Set an experiment's status.
+    pub fn experiment_status(file: PathBuf, name: &str, status: ExperimentStatus) -> Edit {
+        let word = match status {
+            ExperimentStatus::Draft => "draft",
+            ExperimentStatus::Running => "running",
+            ExperimentStatus::Paused => "paused",
+            ExperimentStatus::Concluded => "concluded",
+        };
+        Edit {
+            file,
+            kind: "Experiment",
+            name: name.to_string(),
+            key: "status",
+            value: word.to_string(),
+        }
+    }
+
+    /// Set a rollout's `status` or `step`.
+    pub fn rollout(file: PathBuf, name: &str, key: &'static str, value: String) -> Edit {
+        Edit {
+            file,
+            kind: "Rollout",
+            name: name.to_string(),
+            key,
+            value,
+        }
+    }
+}
+
+/// One pull request to open: its edits, all in one commit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrRequest {
-    pub experiment: String,
-    /// The experiment's file, relative to the policy directory.
-    pub file: PathBuf,
-    pub status: ExperimentStatus,
+    pub edits: Vec<Edit>,
     pub branch: String,
     pub title: String,
     pub body: String,
@@ -48,20 +92,11 @@ pub trait PullRequests: Send + Sync {
     fn open<'a>(&'a self, request: &'a PrRequest) -> BoxFuture<'a, Result<String, PrError>>;
 }
 
-/// Set the top-level `status:` of the Experiment document named `experiment` in a
-/// multi-document YAML file. Pure; keeps every other byte.
-pub fn set_status(
-    yaml: &str,
-    file: &str,
-    experiment: &str,
-    status: ExperimentStatus,
-) -> Result<String, PrError> {
-    let word = match status {
-        ExperimentStatus::Draft => "draft",
-        ExperimentStatus::Running => "running",
-        ExperimentStatus::Paused => "paused",
-        ExperimentStatus::Concluded => "concluded",
-    };
+/// Set the top-level `key:` of the `kind` document named `name` in a multi-document YAML
+/// file (`file` names it in errors). Pure; keeps every other byte, and a comment on the
+/// line. A `step` the document leaves out (it defaults to 0) is written after its `name:`
+/// line; any other missing key is an error.
+pub fn set_field(yaml: &str, file: &str, edit: &Edit) -> Result<String, PrError> {
     let lines: Vec<&str> = yaml.split_inclusive('\n').collect();
     // Documents are separated by lines starting with `---`.
     let mut start = 0;
@@ -85,31 +120,47 @@ pub fn set_status(
                     .to_string()
             })
     };
+    let value = &edit.value;
     for (from, to) in bounds {
         let doc = &lines[from..to];
         let is_it = doc
             .iter()
-            .any(|l| top(l, "kind").as_deref() == Some("Experiment"))
+            .any(|l| top(l, "kind").as_deref() == Some(edit.kind))
             && doc
                 .iter()
-                .any(|l| top(l, "name").as_deref() == Some(experiment));
+                .any(|l| top(l, "name").as_deref() == Some(edit.name.as_str()));
         if !is_it {
             continue;
         }
-        let Some(pos) = doc.iter().position(|l| top(l, "status").is_some()) else {
-            continue;
+        let (at, replaced) = match doc.iter().position(|l| top(l, edit.key).is_some()) {
+            Some(pos) => {
+                let old = doc[pos];
+                let comment = old.find(" #").map(|i| old[i..].trim_end()).unwrap_or("");
+                let newline = if old.ends_with('\n') { "\n" } else { "" };
+                let line = if comment.is_empty() {
+                    format!("{}: {value}{newline}", edit.key)
+                } else {
+                    format!("{}: {value} {}{newline}", edit.key, comment.trim_start())
+                };
+                (from + pos, line)
+            }
+            None if edit.key == "step" => {
+                let Some(pos) = doc.iter().position(|l| top(l, "name").is_some()) else {
+                    continue;
+                };
+                let mut name_line = doc[pos].to_string();
+                if !name_line.ends_with('\n') {
+                    name_line.push('\n');
+                }
+                // Replace the name line by itself plus the new key.
+                let line = format!("{name_line}{}: {value}\n", edit.key);
+                (from + pos, line)
+            }
+            None => continue,
         };
-        let old = doc[pos];
-        let comment = old.find(" #").map(|i| old[i..].trim_end()).unwrap_or("");
-        let newline = if old.ends_with('\n') { "\n" } else { "" };
-        let replaced = if comment.is_empty() {
-            format!("status: {word}{newline}")
-        } else {
-            format!("status: {word} {}{newline}", comment.trim_start())
-        };
-        let mut out = String::with_capacity(yaml.len() + 8);
+        let mut out = String::with_capacity(yaml.len() + 16);
         for (i, l) in lines.iter().enumerate() {
-            if i == from + pos {
+            if i == at {
                 out.push_str(&replaced);
             } else {
                 out.push_str(l);
@@ -117,9 +168,11 @@ pub fn set_status(
         }
         return Ok(out);
     }
-    Err(PrError::NoStatusLine {
+    Err(PrError::NoField {
         file: file.to_string(),
-        experiment: experiment.to_string(),
+        kind: edit.kind,
+        name: edit.name.clone(),
+        key: edit.key,
     })
 }
 
@@ -175,13 +228,17 @@ impl GitWriter {
                 message: e.to_string(),
             })?;
         if !out.status.success() {
+            // git says some refusals ("nothing to commit") on stdout.
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let said = if stderr.trim().is_empty() {
+                stdout.trim()
+            } else {
+                stderr.trim()
+            };
             return Err(PrError::Command {
                 command,
-                message: format!(
-                    "{}: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
+                message: format!("{}: {said}", out.status),
             });
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -229,16 +286,18 @@ impl GitWriter {
             ],
         )
         .await?;
-        let rel = self.policy_subdir.join(&req.file);
-        let path = wt.join(&rel);
-        let yaml = std::fs::read_to_string(&path).map_err(|source| PrError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let edited = set_status(&yaml, &rel.to_string_lossy(), &req.experiment, req.status)?;
-        halo_fsutil::write_atomic(&path, edited.as_bytes(), 0o644)?;
-        let rel_str = rel.to_string_lossy();
-        self.git(wt, &["add", "--", &rel_str]).await?;
+        for edit in &req.edits {
+            let rel = self.policy_subdir.join(&edit.file);
+            let path = wt.join(&rel);
+            let yaml = std::fs::read_to_string(&path).map_err(|source| PrError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let edited = set_field(&yaml, &rel.to_string_lossy(), edit)?;
+            halo_fsutil::write_atomic(&path, edited.as_bytes(), 0o644)?;
+            let rel_str = rel.to_string_lossy();
+            self.git(wt, &["add", "--", &rel_str]).await?;
+        }
         self.git(
             wt,
             &[
@@ -313,16 +372,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn set_status_edits_only_that_documents_status() {
+    fn set_field_edits_only_that_documents_line() {
         let yaml = "# head\nkind: Experiment\nname: a\nstatus: running   # live\n---\nkind: Experiment\nname: b\nstatus: running\nvariants:\n  - status: x\n";
-        let out = set_status(yaml, "f.yaml", "b", ExperimentStatus::Paused).unwrap();
+        let edit = |name: &str, s| Edit::experiment_status("f.yaml".into(), name, s);
+        let out = set_field(yaml, "f.yaml", &edit("b", ExperimentStatus::Paused)).unwrap();
         assert_eq!(
             out,
             "# head\nkind: Experiment\nname: a\nstatus: running   # live\n---\nkind: Experiment\nname: b\nstatus: paused\nvariants:\n  - status: x\n"
         );
-        let out = set_status(yaml, "f.yaml", "a", ExperimentStatus::Concluded).unwrap();
+        let out = set_field(yaml, "f.yaml", &edit("a", ExperimentStatus::Concluded)).unwrap();
         assert!(out.contains("status: concluded # live\n"), "{out}");
-        let err = set_status(yaml, "f.yaml", "c", ExperimentStatus::Paused).unwrap_err();
+        let err = set_field(yaml, "f.yaml", &edit("c", ExperimentStatus::Paused)).unwrap_err();
         assert!(err.to_string().contains("f.yaml"));
+        // A Rollout of the same name is not the experiment.
+        let rollout = Edit::rollout("f.yaml".into(), "a", "status", "paused".into());
+        assert!(set_field(yaml, "f.yaml", &rollout).is_err());
+    }
+
+    #[test]
+    fn a_rollouts_step_is_replaced_or_written_after_its_name() {
+        let yaml =
+            "kind: Rollout\nname: r\nstatus: running\nstep: 1                 # now\nsteps: []\n";
+        let step = |v: &str| Edit::rollout("r.yaml".into(), "r", "step", v.into());
+        let out = set_field(yaml, "r.yaml", &step("2")).unwrap();
+        assert_eq!(
+            out,
+            "kind: Rollout\nname: r\nstatus: running\nstep: 2 # now\nsteps: []\n"
+        );
+        let without = "kind: Rollout\nname: r\nstatus: running\nsteps: []\n";
+        let out = set_field(without, "r.yaml", &step("1")).unwrap();
+        assert_eq!(
+            out,
+            "kind: Rollout\nname: r\nstep: 1\nstatus: running\nsteps: []\n"
+        );
     }
 }

@@ -477,8 +477,10 @@ async fn spend_past_the_budget_expires_the_experiment() {
     );
 }
 
+/// ADR-0009 TestRolloutBreachKillsOnce: an experiment a Rollout owns is not evaluated by
+/// the experiment loop; its rollout is, and a breach on gateway evidence kills it once.
 #[tokio::test]
-async fn rollout_owned_experiments_are_skipped() {
+async fn rollout_owned_experiments_are_left_to_their_rollout_which_kills_once() {
     let rig = Rig::new().await;
     rig.evidence.set(
         "sonnet-bedrock-canary",
@@ -489,12 +491,18 @@ async fn rollout_owned_experiments_are_skipped() {
     );
     let c = rig.controller(true);
     tick(&c).await.unwrap();
-    assert_eq!(rig.evidence.reads_of("sonnet-bedrock-canary"), 0);
-    assert_eq!(
-        c.status().experiments["sonnet-bedrock-canary"].state,
-        "rollout"
+    tick(&c).await.unwrap();
+    let status = c.status();
+    assert_eq!(status.experiments["sonnet-bedrock-canary"].state, "rollout");
+    assert_eq!(status.rollouts["sonnet-bedrock"].state, "halted");
+    assert_eq!(rig.kills.calls.load(Ordering::SeqCst), 1);
+    assert!(
+        rig.kills
+            .killed
+            .lock()
+            .unwrap()
+            .contains("sonnet-bedrock-canary")
     );
-    assert_eq!(rig.kills.calls.load(Ordering::SeqCst), 0);
 }
 
 #[test]

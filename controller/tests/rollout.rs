@@ -387,3 +387,204 @@ fn a_failed_write_leaves_the_chain_in_memory_as_it_was() {
     assert_eq!(chain.records().len(), 4);
     assert!(!chain.state().action.as_ref().unwrap().notified);
 }
+
+// ---------------------------------------------------------------------------------------
+// The driver (step 11 of the tick): the example's traffic rollout against a real git repo
+// with a bare remote, a recording gh, a webhook receiver and a kill-switch stand-in.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::{Rig, samples};
+use halo_controller::controller::Controller;
+
+const ROLLOUT: &str = "sonnet-bedrock";
+const BACKING: &str = "sonnet-bedrock-canary";
+
+/// Serve the traffic rollout at `step` (as after a human merged the advance PR), its
+/// experiment's floor lowered to 40 units per arm. The repo says the same step.
+fn serve_step(rig: &Rig, step: u32) {
+    let path = "rollouts/sonnet-bedrock.yaml";
+    let now = rig.served.0.lock().unwrap().rollouts[ROLLOUT].step;
+    if now != step {
+        rig.repo
+            .edit(path, &format!("\nstep: {now}"), &format!("\nstep: {step}"));
+    }
+    let mut g = rig.served.0.lock().unwrap();
+    let mut org = (**g).clone();
+    org.rollouts.get_mut(ROLLOUT).unwrap().step = step;
+    let exp = org.experiments.get_mut(BACKING).unwrap();
+    exp.stopping.as_mut().unwrap().min_samples = Some(40);
+    *g = std::sync::Arc::new(org);
+}
+
+/// Gate evidence for the canary arm: every unit at `error_rate` and 5 s p95.
+fn gate_evidence(rig: &Rig, error_rate: f64, source: Source) {
+    let arms = &["control", "canary"];
+    rig.evidence.set(
+        BACKING,
+        ERROR_RATE,
+        samples(arms, 50, source, |v, _| {
+            if v == "canary" { error_rate } else { 0.0 }
+        }),
+    );
+    rig.evidence
+        .set(BACKING, P95, samples(arms, 50, source, |_, _| 5000.0));
+}
+
+async fn tick_at(c: &Controller, at: OffsetDateTime) -> Result<(), String> {
+    c.tick_within_budget(at).await.map_err(|e| e.to_string())
+}
+
+fn report(c: &Controller) -> halo_controller::drive::RolloutReport {
+    c.status().rollouts[ROLLOUT].clone()
+}
+
+#[tokio::test]
+async fn a_traffic_rollout_bakes_then_opens_one_advance_pr_per_step() {
+    let rig = Rig::new().await;
+    serve_step(&rig, 0);
+    gate_evidence(&rig, 0.015625, Source::Gateway);
+    let c = rig.controller(true);
+
+    // Step 0 bakes 30 minutes from the first tick that saw it.
+    tick_at(&c, T0).await.unwrap();
+    let r = report(&c);
+    assert_eq!(r.state, "evaluated", "{r:?}");
+    assert_eq!(r.evaluation.as_ref().unwrap().action, Move::Hold);
+    assert_eq!(r.step_started, Some(T0));
+    assert!(r.chain_verified);
+
+    // A restart mid-bake resumes the bake where it was (the chain holds its start).
+    let c = rig.controller(true);
+    tick_at(&c, T0 + Duration::minutes(20)).await.unwrap();
+    assert_eq!(report(&c).evaluation.unwrap().bake_left_seconds, 10 * 60);
+
+    tick_at(&c, T0 + Duration::minutes(31)).await.unwrap();
+    let r = report(&c);
+    assert_eq!(r.state, "acted", "{r:?}");
+    let action = r.action.unwrap();
+    assert_eq!(action.evaluation.action, Move::Advance { to: 1 });
+    let url = action.pull_request.expect("the advance PR");
+    assert!(action.notified);
+    let branch = "halo-controller/rollout-sonnet-bedrock/step-0-advance";
+    assert!(rig.repo.remote_branches().contains(&branch.to_string()));
+    let file = rig.repo.remote_file(branch, "rollouts/sonnet-bedrock.yaml");
+    assert!(file.contains("\nstep: 1"), "{file}");
+    let calls = rig.repo.gh_calls();
+    assert_eq!(calls.len(), 1);
+    assert!(
+        calls[0]
+            .1
+            .contains("| halo.api.error_rate | <= 0.02 | 0.0156 | 50 |"),
+        "{}",
+        calls[0].1
+    );
+    let messages = rig.receiver.messages();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0]["event"], "rollout_advance");
+    assert_eq!(messages[0]["rollout"], ROLLOUT);
+    assert_eq!(messages[0]["pullRequest"], url.as_str());
+    assert!(rig.kills.killed.lock().unwrap().is_empty());
+
+    // Decided once per step: later ticks at step 0 open nothing more.
+    tick_at(&c, T0 + Duration::minutes(40)).await.unwrap();
+    assert_eq!(rig.repo.gh_calls().len(), 1);
+    assert_eq!(rig.receiver.messages().len(), 1);
+
+    // The human merges: step 1 bakes 24 h from the tick that first sees it, then advances.
+    serve_step(&rig, 1);
+    let t1 = T0 + Duration::hours(1);
+    tick_at(&c, t1).await.unwrap();
+    assert_eq!(report(&c).state, "evaluated");
+    tick_at(&c, t1 + Duration::hours(24)).await.unwrap();
+    let r = report(&c);
+    assert_eq!(r.action.unwrap().evaluation.action, Move::Advance { to: 2 });
+    assert_eq!(rig.repo.gh_calls().len(), 2);
+    let file = rig.repo.remote_file(
+        "halo-controller/rollout-sonnet-bedrock/step-1-advance",
+        "rollouts/sonnet-bedrock.yaml",
+    );
+    assert!(file.contains("\nstep: 2"), "{file}");
+    assert!(file.contains("\nstatus: running"), "{file}");
+}
+
+#[tokio::test]
+async fn a_failing_gate_on_gateway_evidence_rolls_back_kills_once_and_prs_to_the_baseline() {
+    let rig = Rig::new().await;
+    serve_step(&rig, 0);
+    gate_evidence(&rig, 0.25, Source::Gateway);
+    let c = rig.controller(true);
+    // Mid-bake: a step that hurts people is not left to finish its bake.
+    tick_at(&c, T0).await.unwrap();
+    let r = report(&c);
+    assert_eq!(r.state, "halted", "{r:?}");
+    let action = r.action.unwrap();
+    assert_eq!(action.evaluation.action, Move::Rollback);
+    assert_eq!(action.kill_outcome, Some(KillOutcome::Killed));
+    assert!(rig.kills.killed.lock().unwrap().contains(BACKING));
+    let branch = "halo-controller/rollout-sonnet-bedrock/step-0-rollback";
+    let file = rig.repo.remote_file(branch, "rollouts/sonnet-bedrock.yaml");
+    assert!(file.contains("\nstatus: rolled-back"), "{file}");
+    let exp = rig
+        .repo
+        .remote_file(branch, "experiments/sonnet-bedrock-canary.yaml");
+    assert!(exp.contains("\nstatus: paused"), "{exp}");
+    let messages = rig.receiver.messages();
+    assert_eq!(messages[0]["event"], "rollout_rollback");
+    assert_eq!(messages[0]["killOutcome"], "killed");
+
+    // Halted: later ticks repeat nothing (one kill, one PR, one message).
+    tick_at(&c, T0 + Duration::minutes(5)).await.unwrap();
+    let c = rig.controller(true);
+    tick_at(&c, T0 + Duration::minutes(10)).await.unwrap();
+    assert_eq!(report(&c).state, "halted");
+    assert_eq!(rig.kills.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(rig.repo.gh_calls().len(), 1);
+    assert_eq!(rig.receiver.messages().len(), 1);
+}
+
+#[tokio::test]
+async fn a_failing_gate_on_cli_evidence_rolls_back_without_a_kill() {
+    let rig = Rig::new().await;
+    serve_step(&rig, 0);
+    gate_evidence(&rig, 0.25, Source::Cli);
+    let c = rig.controller(true);
+    tick_at(&c, T0).await.unwrap();
+    let action = report(&c).action.unwrap();
+    assert_eq!(action.evaluation.action, Move::Rollback);
+    assert_eq!(action.kill_outcome, Some(KillOutcome::NotGatewayEvidence));
+    assert_eq!(rig.kills.calls.load(Ordering::SeqCst), 0);
+    assert!(action.pull_request.is_some());
+    assert_eq!(
+        rig.receiver.messages()[0]["killOutcome"],
+        "not_gateway_evidence"
+    );
+}
+
+#[tokio::test]
+async fn a_tampered_state_file_is_refused_reported_and_nothing_is_done() {
+    let rig = Rig::new().await;
+    serve_step(&rig, 0);
+    gate_evidence(&rig, 0.015625, Source::Gateway);
+    let c = rig.controller(true);
+    tick_at(&c, T0).await.unwrap();
+    // Move the bake's start back a day: the chain no longer verifies.
+    let path = rig.data.path().join("rollouts/sonnet-bedrock.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["records"][0]["at"] = serde_json::json!("2026-11-30T12:00:00Z");
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+
+    // Even with a failing gate, a refused chain is never acted on.
+    gate_evidence(&rig, 0.25, Source::Gateway);
+    tick_at(&c, T0 + Duration::hours(2)).await.unwrap();
+    let r = report(&c);
+    assert_eq!(r.state, "refused", "{r:?}");
+    assert!(!r.chain_verified);
+    assert!(r.error.unwrap().contains("does not verify"));
+    assert_eq!(rig.kills.calls.load(Ordering::SeqCst), 0);
+    assert!(rig.repo.gh_calls().is_empty());
+    assert!(rig.receiver.messages().is_empty());
+}

@@ -174,6 +174,30 @@ echo "https://github.example/acme/policy/pull/$n"
         out
     }
 
+    /// Replace `text` with `with` in a policy file, commit and push it (the policy a
+    /// human merged).
+    pub fn edit(&self, path: &str, text: &str, with: &str) {
+        let file = self.clone.join(path);
+        let content = std::fs::read_to_string(&file).unwrap();
+        assert!(content.contains(text), "{path} has no {text:?}");
+        std::fs::write(&file, content.replacen(text, with, 1)).unwrap();
+        git(&self.clone, &["add", path]);
+        git(
+            &self.clone,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "--quiet",
+                "-m",
+                "edit",
+            ],
+        );
+        git(&self.clone, &["push", "--quiet", "origin", "main"]);
+    }
+
     pub fn set_gh_failing(&self, failing: bool) {
         let f = self.gh_calls.join("fail");
         if failing {
