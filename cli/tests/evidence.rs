@@ -125,17 +125,7 @@ async fn evidence_query_prints_the_per_variant_summary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_and_rollout_status_print_the_last_tick() {
     let env = Env::new().await;
-    // The other running experiments name session metrics the gateway's store does not
-    // compute (their ticks would fail): paused here, as in halo-server's controller test.
-    for other in ["claude-opus-default", "gpt-shadow"] {
-        let f = env.path("policy").join(format!("experiments/{other}.yaml"));
-        let text = std::fs::read_to_string(&f).unwrap();
-        std::fs::write(
-            &f,
-            text.replace("\nstatus: running\n", "\nstatus: paused\n"),
-        )
-        .unwrap();
-    }
+    env.pause_experiments(&["claude-opus-default", "gpt-shadow"]);
     let token = env.path("otlp-gateway.token");
     std::fs::write(&token, OTLP_GATEWAY_TOKEN).unwrap();
     let mut settings = env.settings();

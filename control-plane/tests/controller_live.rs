@@ -42,15 +42,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 fn policy_repo(env: &Env) -> std::path::PathBuf {
     let policy = env.path("policy");
     std::fs::remove_file(policy.join("rollouts/sonnet-bedrock.yaml")).unwrap();
-    for other in ["claude-opus-default", "gpt-shadow"] {
-        let f = policy.join(format!("experiments/{other}.yaml"));
-        let text = std::fs::read_to_string(&f).unwrap();
-        std::fs::write(
-            &f,
-            text.replace("\nstatus: running\n", "\nstatus: paused\n"),
-        )
-        .unwrap();
-    }
+    env.pause_experiments(&["claude-opus-default", "gpt-shadow"]);
     let bare = env.path("policy.git");
     git(
         env.dir.path(),

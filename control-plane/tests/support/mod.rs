@@ -61,6 +61,22 @@ impl Env {
         self.dir.path().join(name)
     }
 
+    /// Set these running experiments of the policy dir to `status: paused` (before the
+    /// server starts): the example's session-metric experiments, whose evidence the
+    /// gateway's store does not compute, so a controller tick would fail on them.
+    pub fn pause_experiments(&self, names: &[&str]) {
+        for name in names {
+            let f = self.path("policy").join(format!("experiments/{name}.yaml"));
+            let text = std::fs::read_to_string(&f).unwrap();
+            assert!(text.contains("\nstatus: running\n"), "{name} is running");
+            std::fs::write(
+                &f,
+                text.replace("\nstatus: running\n", "\nstatus: paused\n"),
+            )
+            .unwrap();
+        }
+    }
+
     /// Settings with the kill switch on (key, gateway token, data dir) and the fleet token.
     pub fn settings(&self) -> Settings {
         Settings {
