@@ -678,15 +678,17 @@ pub fn access_log() -> Value {
 /// Stats tags for the filter's metrics (`halo.<metric>.<tag>.<value>...`, see the
 /// filter's `metrics` module), so Prometheus shows them as labels.
 pub fn stats_tags() -> Value {
-    let tags: Vec<Value> = ["ring", "variant", "status", "source", "outcome"]
-        .iter()
-        .map(|tag| {
-            json!({
-                "tag_name": format!("halo_{tag}"),
-                "regex": format!(r"^wasmcustom\.halo\..*?(\.{tag}\.([^.]+))"),
-            })
+    let tags: Vec<Value> = [
+        "ring", "variant", "status", "source", "outcome", "upstream", "kind",
+    ]
+    .iter()
+    .map(|tag| {
+        json!({
+            "tag_name": format!("halo_{tag}"),
+            "regex": format!(r"^wasmcustom\.halo\..*?(\.{tag}\.([^.]+))"),
         })
-        .collect();
+    })
+    .collect();
     Value::Array(tags)
 }
 

@@ -10,11 +10,14 @@
 //!   Envoy's `cluster_header` route).
 //! - [`bootstrap`]: the standalone (static resources) bootstrap.
 //! - [`credentials`]: the per-attempt credential chain (SigV4, keys) after the stage.
+//! - [`evidence`]: the per-call evidence record Envoy's OpenTelemetry access logger sends
+//!   to halo-server's gateway receiver (its attributes, the filter's facts).
 //! - [`tls`]: upstream TLS verification (CA bundle, SAN, SNI) of every https cluster.
 //! - [`yaml`]: a small deterministic YAML printer for JSON values.
 
 pub mod bootstrap;
 pub mod credentials;
+pub mod evidence;
 pub mod names;
 pub mod tls;
 pub mod yaml;

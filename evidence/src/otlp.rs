@@ -1,28 +1,33 @@
 //! OTLP log records to evidence [`Record`]s.
 //!
-//! One model call is one OTLP log record (what Envoy's OpenTelemetry access logger emits
-//! per request). A log record is evidence when it carries `halo.unit`; any other record
-//! (a harness's own events, say) is counted as ignored, not refused. Attribute names are
-//! OpenTelemetry's GenAI semantic conventions where one exists, `halo.*` otherwise:
+//! One model call is one OTLP log record: what Envoy's OpenTelemetry access logger emits
+//! per decided call, with the attributes halo-envoy-config's `evidence` module renders
+//! (this module reads exactly those names: [`halo_envoy_config::evidence`]). A log
+//! record is evidence when it carries `halo.unit`; any other record (a harness's own
+//! events, say) is counted as ignored, not refused. Attribute names are OpenTelemetry's
+//! GenAI semantic conventions where one exists, `halo.*` otherwise:
 //!
 //! | attribute | record field |
 //! |---|---|
 //! | `halo.ring`, `halo.release`, `halo.experiment`, `halo.variant`, `halo.alias`, `halo.upstream`, `halo.target` | same |
 //! | `gen_ai.response.model` (else `gen_ai.request.model`) | model |
 //! | `halo.attempts`, `http.response.status_code` | attempts, status |
-//! | `gen_ai.server.time_to_first_token` (seconds), `halo.duration_ms` | ttfb, duration |
+//! | `gen_ai.server.time_to_first_token` (seconds), `halo.gateway.latency_ms` | ttfb, duration |
 //! | `gen_ai.usage.input_tokens` (all prompt tokens, cache included), `gen_ai.usage.output_tokens` | input (minus the cache counts), output |
 //! | `gen_ai.usage.cache_creation.input_tokens`, `gen_ai.usage.cache_read.input_tokens` | cache write, cache read |
 //! | `halo.cost_usd`, `halo.complete`, `halo.unit` | same |
 //!
-//! Numbers may arrive as OTLP ints, doubles or decimal strings (Envoy's access-log
-//! formatters produce strings). `halo.source` is never read: the receiver stamps the
-//! source. The unit must look like a salted hash (16 to 64 lowercase hex digits), so a
-//! raw subject sent by mistake is refused rather than stored.
+//! Values may arrive as OTLP ints, doubles, booleans or strings: Envoy's access-log
+//! formatters produce strings, and `-` for a value that is not set (a header the filter
+//! did not stamp, a fact it did not write), which reads as absent. `halo.source` is never
+//! read: the receiver stamps the source. The unit must look like a salted hash (16 to 64
+//! lowercase hex digits), so a raw subject sent by mistake is refused rather than stored.
 
 use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::logs::v1::LogRecord;
+
+use halo_envoy_config::evidence as names;
 
 use crate::{Record, Source, Stamped};
 
@@ -97,6 +102,8 @@ impl<'a> Attrs<'a> {
     fn string(&self, key: &'static str) -> Result<String, RecordError> {
         match self.get(key) {
             None => Ok(String::new()),
+            // Envoy's formatters write "-" for a value that is not set.
+            Some(any_value::Value::StringValue(s)) if s == "-" => Ok(String::new()),
             Some(any_value::Value::StringValue(s)) if s.len() <= MAX_STRING => Ok(s.clone()),
             Some(any_value::Value::StringValue(_)) => Err(RecordError::TooLong {
                 index: self.index,
@@ -164,7 +171,7 @@ fn record(log: &LogRecord, index: usize, now_unix_ms: i64) -> Result<Option<Reco
         list: &log.attributes,
         index,
     };
-    let unit = a.string("halo.unit")?;
+    let unit = a.string(names::UNIT)?;
     if unit.is_empty() {
         return Ok(None);
     }
@@ -181,48 +188,44 @@ fn record(log: &LogRecord, index: usize, now_unix_ms: i64) -> Result<Option<Reco
     } else {
         i64::try_from(nanos / 1_000_000).unwrap_or(i64::MAX)
     };
-    let mut model = a.string("gen_ai.response.model")?;
+    let mut model = a.string(names::RESPONSE_MODEL)?;
     if model.is_empty() {
         model = a.string("gen_ai.request.model")?;
     }
-    let cache_write = a.count("gen_ai.usage.cache_creation.input_tokens")?;
-    let cache_read = a.count("gen_ai.usage.cache_read.input_tokens")?;
-    let input = a.count("gen_ai.usage.input_tokens")?.map(|all| {
+    let cache_write = a.count(names::CACHE_WRITE_TOKENS)?;
+    let cache_read = a.count(names::CACHE_READ_TOKENS)?;
+    let input = a.count(names::INPUT_TOKENS)?.map(|all| {
         all.saturating_sub(cache_write.unwrap_or(0))
             .saturating_sub(cache_read.unwrap_or(0))
     });
-    let status = match a.count("http.response.status_code")? {
+    let status = match a.count(names::STATUS)? {
         None => 0,
-        Some(s) => {
-            u16::try_from(s).map_err(|_| a.wrong("http.response.status_code", "a status"))?
-        }
+        Some(s) => u16::try_from(s).map_err(|_| a.wrong(names::STATUS, "a status"))?,
     };
-    let attempts = match a.count("halo.attempts")? {
+    let attempts = match a.count(names::ATTEMPTS)? {
         None => 1,
-        Some(n) => u32::try_from(n).map_err(|_| a.wrong("halo.attempts", "a count"))?,
+        Some(n) => u32::try_from(n).map_err(|_| a.wrong(names::ATTEMPTS, "a count"))?,
     };
     Ok(Some(Record {
         time_unix_ms,
-        ring: a.string("halo.ring")?,
-        release: a.string("halo.release")?,
-        experiment: a.string("halo.experiment")?,
-        variant: a.string("halo.variant")?,
-        alias: a.string("halo.alias")?,
-        upstream: a.string("halo.upstream")?,
+        ring: a.string(names::RING)?,
+        release: a.string(names::RELEASE)?,
+        experiment: a.string(names::EXPERIMENT)?,
+        variant: a.string(names::VARIANT)?,
+        alias: a.string(names::ALIAS)?,
+        upstream: a.string(names::UPSTREAM)?,
         model,
-        target: a.string("halo.target")?,
+        target: a.string(names::TARGET)?,
         attempts,
         status,
-        ttfb_ms: a
-            .number("gen_ai.server.time_to_first_token")?
-            .map(|s| s * 1000.0),
-        duration_ms: a.number("halo.duration_ms")?,
+        ttfb_ms: a.number(names::TIME_TO_FIRST_TOKEN)?.map(|s| s * 1000.0),
+        duration_ms: a.number(names::LATENCY_MS)?,
         input_tokens: input,
-        output_tokens: a.count("gen_ai.usage.output_tokens")?,
+        output_tokens: a.count(names::OUTPUT_TOKENS)?,
         cache_write_tokens: cache_write,
         cache_read_tokens: cache_read,
-        cost_usd: a.number("halo.cost_usd")?,
-        complete: a.flag("halo.complete")?,
+        cost_usd: a.number(names::COST_USD)?,
+        complete: a.flag(names::COMPLETE)?,
         unit,
     }))
 }
@@ -241,40 +244,40 @@ pub fn attributes(r: &Record) -> Vec<KeyValue> {
     let i = |key: &str, v: u64| kv(key, any_value::Value::IntValue(v as i64));
     let d = |key: &str, v: f64| kv(key, any_value::Value::DoubleValue(v));
     let mut out = vec![
-        s("halo.ring", &r.ring),
-        s("halo.release", &r.release),
-        s("halo.experiment", &r.experiment),
-        s("halo.variant", &r.variant),
-        s("halo.alias", &r.alias),
-        s("halo.upstream", &r.upstream),
-        s("halo.target", &r.target),
-        s("gen_ai.response.model", &r.model),
-        i("halo.attempts", u64::from(r.attempts)),
-        i("http.response.status_code", u64::from(r.status)),
-        kv("halo.complete", any_value::Value::BoolValue(r.complete)),
-        s("halo.unit", &r.unit),
+        s(names::RING, &r.ring),
+        s(names::RELEASE, &r.release),
+        s(names::EXPERIMENT, &r.experiment),
+        s(names::VARIANT, &r.variant),
+        s(names::ALIAS, &r.alias),
+        s(names::UPSTREAM, &r.upstream),
+        s(names::TARGET, &r.target),
+        s(names::RESPONSE_MODEL, &r.model),
+        i(names::ATTEMPTS, u64::from(r.attempts)),
+        i(names::STATUS, u64::from(r.status)),
+        kv(names::COMPLETE, any_value::Value::BoolValue(r.complete)),
+        s(names::UNIT, &r.unit),
     ];
     if let Some(v) = r.ttfb_ms {
-        out.push(d("gen_ai.server.time_to_first_token", v / 1000.0));
+        out.push(d(names::TIME_TO_FIRST_TOKEN, v / 1000.0));
     }
     if let Some(v) = r.duration_ms {
-        out.push(d("halo.duration_ms", v));
+        out.push(d(names::LATENCY_MS, v));
     }
     if let Some(v) = r.input_tokens {
         let all = v + r.cache_write_tokens.unwrap_or(0) + r.cache_read_tokens.unwrap_or(0);
-        out.push(i("gen_ai.usage.input_tokens", all));
+        out.push(i(names::INPUT_TOKENS, all));
     }
     if let Some(v) = r.output_tokens {
-        out.push(i("gen_ai.usage.output_tokens", v));
+        out.push(i(names::OUTPUT_TOKENS, v));
     }
     if let Some(v) = r.cache_write_tokens {
-        out.push(i("gen_ai.usage.cache_creation.input_tokens", v));
+        out.push(i(names::CACHE_WRITE_TOKENS, v));
     }
     if let Some(v) = r.cache_read_tokens {
-        out.push(i("gen_ai.usage.cache_read.input_tokens", v));
+        out.push(i(names::CACHE_READ_TOKENS, v));
     }
     if let Some(v) = r.cost_usd {
-        out.push(d("halo.cost_usd", v));
+        out.push(d(names::COST_USD, v));
     }
     out
 }

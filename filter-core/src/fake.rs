@@ -5,6 +5,9 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::Duration;
+
+use halo_envoy_config::evidence::Fact;
 
 use halo_policy::Snapshot;
 
@@ -41,7 +44,10 @@ impl Sent {
 #[derive(Default)]
 pub struct Recorder {
     pub logs: RefCell<Vec<(Level, String)>>,
+    /// One entry per count or add.
     pub counts: RefCell<Vec<String>>,
+    /// What was added to each counter in all.
+    pub sums: RefCell<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Telemetry for Recorder {
@@ -49,12 +55,19 @@ impl Telemetry for Recorder {
         self.logs.borrow_mut().push((level, message.to_string()));
     }
 
-    fn count(&self, counter: Counter<'_>) {
-        self.counts.borrow_mut().push(counter.dotted());
+    fn add(&self, counter: Counter<'_>, amount: u64) {
+        let name = counter.dotted();
+        *self.sums.borrow_mut().entry(name.clone()).or_default() += amount;
+        self.counts.borrow_mut().push(name);
     }
 }
 
 impl Recorder {
+    /// What was added to counter `dotted` in all.
+    pub fn sum_of(&self, dotted: &str) -> u64 {
+        self.sums.borrow().get(dotted).copied().unwrap_or(0)
+    }
+
     pub fn count_of(&self, dotted: &str) -> usize {
         self.counts.borrow().iter().filter(|c| *c == dotted).count()
     }
@@ -84,6 +97,14 @@ pub struct FakeEnvoy<const PIECEWISE: bool> {
     /// How many body edits the flow wrote (early and at the end).
     pub edits: usize,
     pub rec: Recorder,
+    /// The evidence facts the flow wrote (filter state), by key.
+    pub state: std::collections::BTreeMap<&'static str, String>,
+    /// How many fact writes the flow made.
+    pub fact_writes: usize,
+    /// The serving endpoint's `filter_metadata.halo` strings.
+    pub served: Vec<(String, String)>,
+    /// The clock [`Host::now`] reads.
+    pub clock: Duration,
 }
 
 impl<const P: bool> FakeEnvoy<P> {
@@ -121,8 +142,8 @@ impl<const P: bool> Telemetry for FakeEnvoy<P> {
         self.rec.log(level, message);
     }
 
-    fn count(&self, counter: Counter<'_>) {
-        self.rec.count(counter);
+    fn add(&self, counter: Counter<'_>, amount: u64) {
+        self.rec.add(counter, amount);
     }
 }
 
@@ -235,6 +256,22 @@ impl<const P: bool> Host for FakeEnvoy<P> {
         self.body = edit.apply(body);
     }
 
+    fn now(&self) -> Duration {
+        self.clock
+    }
+
+    fn set_fact(&mut self, fact: Fact, value: &str) {
+        self.fact_writes += 1;
+        self.state.insert(fact.state_key(), value.to_string());
+    }
+
+    fn served_metadata(&self, key: &str) -> Option<String> {
+        self.served
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    }
+
     fn response_body(&self) -> Vec<u8> {
         self.response_piece.clone()
     }
@@ -313,7 +350,7 @@ pub fn request_answered<const P: bool>(
     if envoy.sent.is_none() {
         envoy.response = vec![(":status".into(), status.to_string())];
         envoy.response_code_details = Some(details.to_string());
-        response = Some(flow.on_response_headers(&mut envoy));
+        response = Some(flow.on_response_headers(&mut envoy, policy, false));
     }
     envoy.response_code = Some(envoy.sent.as_ref().map_or(status, |s| u32::from(s.status)));
     flow.on_stream_complete(&mut envoy);
@@ -322,6 +359,66 @@ pub fn request_answered<const P: bool>(
         answers,
         response,
     }
+}
+
+/// An upstream's answer as the request filter sees it: headers, then the body in
+/// pieces, each arriving `step` after the one before (the first `step` after the
+/// request); `cut`: the stream is reset after the last piece, without its end.
+pub struct Answer<'a> {
+    pub headers: &'a [(&'a str, &'a str)],
+    pub pieces: Vec<&'a [u8]>,
+    pub step: Duration,
+    pub cut: bool,
+}
+
+/// Run the request filter on a request (as [`request`]), then on `answer`, then complete
+/// the stream. Returns the run and the answer's bytes as the client got them.
+pub fn call<const P: bool>(
+    policy: &TestPolicy,
+    mut envoy: FakeEnvoy<P>,
+    pieces: &[&[u8]],
+    answer: &Answer<'_>,
+) -> (Run<P>, Vec<u8>) {
+    let mut flow = RequestFlow::new();
+    let mut answers = vec![flow.on_request_headers(&mut envoy, policy, pieces.is_empty())];
+    for (i, piece) in pieces.iter().enumerate() {
+        envoy.body.extend_from_slice(piece);
+        envoy.piece = piece.len();
+        answers.push(flow.on_request_body(&mut envoy, policy, i + 1 == pieces.len()));
+    }
+    envoy.response = answer
+        .headers
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    envoy.response_code_details = Some("via_upstream".into());
+    envoy.clock += answer.step;
+    let no_body = answer.pieces.is_empty() && !answer.cut;
+    let response = Some(flow.on_response_headers(&mut envoy, policy, no_body));
+    let mut out = Vec::new();
+    for (i, piece) in answer.pieces.iter().enumerate() {
+        if i > 0 {
+            envoy.clock += answer.step;
+        }
+        envoy.response_piece = piece.to_vec();
+        let last = i + 1 == answer.pieces.len() && !answer.cut;
+        answers.push(flow.on_response_body(&mut envoy, last));
+        out.extend_from_slice(&envoy.response_piece);
+    }
+    envoy.response_code = envoy
+        .response
+        .iter()
+        .find(|(n, _)| n == ":status")
+        .and_then(|(_, v)| v.parse().ok());
+    flow.on_stream_complete(&mut envoy);
+    (
+        Run {
+            envoy,
+            answers,
+            response,
+        },
+        out,
+    )
 }
 
 /// Run the per-attempt stage on an attempt (note, facts and headers in `envoy`) whose

@@ -738,3 +738,447 @@ fn the_error_shapes_of_no_available_target_per_wire() {
         );
     }
 }
+
+// The response side's account of decided calls ([`crate::account`]), per wire.
+
+use std::time::Duration;
+
+use halo_envoy_config::evidence::Fact;
+use halo_providers::eventstream::chunk_frame;
+
+/// The test snapshot with an upstream of every kind, an alias per wire, and prices for
+/// all but the Vertex upstream.
+fn account_policy() -> TestPolicy {
+    let mut s = snapshot(true);
+    s["upstreams"]["o"] = json!({"url": "http://127.0.0.1:4", "kind": "openai"});
+    s["upstreams"]["br"] =
+        json!({"url": "http://127.0.0.1:5", "kind": "bedrock", "region": "us-east-1"});
+    s["upstreams"]["vx"] = json!({"url": "http://127.0.0.1:6", "kind": "vertex", "region": "us-east5", "project": "p"});
+    s["models"]["gpt"] = json!([{"upstream": "o", "model": "gpt-5"}]);
+    s["models"]["opus"] = json!([{"upstream": "br", "model": "anthropic.claude-opus"}]);
+    s["prices"] = json!({
+        "a": {"claude-sonnet": {"input": 3.0, "output": 15.0, "cacheWrite": 3.75, "cacheRead": 0.3}},
+        "o": {"gpt-5": {"input": 1.25, "output": 10.0, "cacheRead": 0.125}},
+        "br": {"anthropic.claude-opus": {"input": 15.0, "output": 75.0}},
+        "g": {"gemini-2.5-pro": {"input": 1.25, "output": 10.0, "cacheRead": 0.31}},
+    });
+    let doc = json!({"snapshot": s, "settings": {}});
+    let cfg = Config::from_bytes(doc.to_string().as_bytes()).expect("config");
+    TestPolicy::new(cfg, NOW)
+}
+
+/// A call from a verified user on `path` with `body`, answered by `served`
+/// (upstream, model) with `headers` and `answer` in pieces of `piece` bytes, 50 ms
+/// apart; `cut`: reset after them. Returns the run and the bytes the client got.
+#[allow(clippy::too_many_arguments)]
+fn metered<const P: bool>(
+    p: &TestPolicy,
+    path: &str,
+    body: &[u8],
+    served: (&str, &str),
+    headers: &[(&str, &str)],
+    answer: &[u8],
+    piece: usize,
+    cut: bool,
+) -> (Run<P>, Vec<u8>) {
+    let mut e = post::<P>(Some("alice@acme.test"), body, &[]);
+    e.set_header(":path", Some(path));
+    e.served = vec![
+        ("upstream".into(), served.0.into()),
+        ("model".into(), served.1.into()),
+    ];
+    let answer = fake::Answer {
+        headers,
+        pieces: answer.chunks(piece.max(1)).collect(),
+        step: Duration::from_millis(50),
+        cut,
+    };
+    fake::call(p, e, &[body], &answer)
+}
+
+fn fact<const P: bool>(r: &Run<P>, fact: Fact) -> Option<&str> {
+    r.envoy.state.get(fact.state_key()).map(String::as_str)
+}
+
+/// Every token fact, in the record's terms (input counts the cache's prompt tokens).
+fn tokens<const P: bool>(r: &Run<P>) -> [Option<u64>; 4] {
+    [
+        Fact::InputTokens,
+        Fact::OutputTokens,
+        Fact::CacheWriteTokens,
+        Fact::CacheReadTokens,
+    ]
+    .map(|f| fact(r, f).map(|v| v.parse().expect("a count")))
+}
+
+fn cost<const P: bool>(r: &Run<P>) -> Option<f64> {
+    fact(r, Fact::CostUsd).map(|v| v.parse().expect("a number"))
+}
+
+fn close(a: Option<f64>, b: f64) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-12)
+}
+
+const JSON: &[(&str, &str)] = &[(":status", "200"), ("content-type", "application/json")];
+const SSE: &[(&str, &str)] = &[(":status", "200"), ("content-type", "text/event-stream")];
+
+const ANTHROPIC_JSON: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet","content":[{"type":"text","text":"{\"usage\": 1}"}],"stop_reason":"end_turn","usage":{"input_tokens":2095,"cache_creation_input_tokens":2051,"cache_read_input_tokens":10240,"output_tokens":503}}"#;
+
+fn anthropic_sse(with_end: bool) -> String {
+    let mut events = vec![
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet\",\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":100,\"cache_read_input_tokens\":4000,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: ping\ndata: {\"type\": \"ping\"}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"usage: 99\"}}\n\n",
+    ];
+    if with_end {
+        events.extend([
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":342}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        ]);
+    }
+    events.concat()
+}
+
+fn anthropic_json_and_sse<const P: bool>() {
+    let p = account_policy();
+    let body = messages("sonnet", 10);
+    let (r, out) = metered::<P>(
+        &p,
+        "/v1/messages",
+        &body,
+        ("a", "claude-sonnet"),
+        JSON,
+        ANTHROPIC_JSON.as_bytes(),
+        64,
+        false,
+    );
+    assert_eq!(
+        out,
+        ANTHROPIC_JSON.as_bytes(),
+        "the answer passes unchanged"
+    );
+    assert!(r.answers.iter().skip(2).all(|a| *a == Next::Continue));
+    assert_eq!(
+        tokens(&r),
+        [
+            Some(2095 + 2051 + 10240),
+            Some(503),
+            Some(2051),
+            Some(10240)
+        ]
+    );
+    let want = (2095.0 * 3.0 + 503.0 * 15.0 + 2051.0 * 3.75 + 10240.0 * 0.3) / 1e6;
+    assert!(close(cost(&r), want), "{:?}", cost(&r));
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+    assert_eq!(fact(&r, Fact::Alias), Some("sonnet"));
+    assert_eq!(fact(&r, Fact::TimeToFirstToken), Some("0.050"));
+    let unit = fact(&r, Fact::Unit).expect("unit");
+    assert_eq!(unit.len(), 32);
+    assert!(!unit.contains("alice"), "never the subject");
+    let salt = match r.envoy.header("x-halo-experiment") {
+        Some(_) => halo_policy::assign::unit_salt(Some("s1"), "general"),
+        None => halo_policy::assign::unit_salt(None, "general"),
+    };
+    assert_eq!(unit, halo_policy::assign::unit(&salt, "alice@acme.test"));
+    // Prometheus: tokens by kind and the cost in millionths, by ring, variant, upstream.
+    let variant = r
+        .envoy
+        .header("x-halo-variant")
+        .unwrap_or("none")
+        .to_string();
+    let tag = format!("ring.general.variant.{variant}.upstream.a");
+    assert_eq!(
+        r.envoy
+            .rec
+            .sum_of(&format!("halo.tokens.{tag}.kind.cache_read")),
+        10240
+    );
+    assert_eq!(
+        r.envoy.rec.sum_of(&format!("halo.cost_micro_usd.{tag}")),
+        (want * 1e6).round() as u64
+    );
+
+    // The same usage streamed: message_start's counts, then message_delta's output, in
+    // pieces cut anywhere (7 bytes).
+    let sse = anthropic_sse(true);
+    let (r, out) = metered::<P>(
+        &p,
+        "/v1/messages",
+        &body,
+        ("a", "claude-sonnet"),
+        SSE,
+        sse.as_bytes(),
+        7,
+        false,
+    );
+    assert_eq!(out, sse.as_bytes());
+    assert_eq!(tokens(&r), [Some(4125), Some(342), Some(100), Some(4000)]);
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+    assert_eq!(fact(&r, Fact::TimeToFirstToken), Some("0.050"));
+    // Written as they change, not once per piece: unit, alias, ttft, four counts and the
+    // cost at message_start; output and cost again at message_delta; complete.
+    assert_eq!(
+        r.envoy.fact_writes,
+        2 + 1 + 5 + 2 + 1,
+        "{:?}",
+        r.envoy.state
+    );
+
+    // Cut after message_start: what was seen, incomplete.
+    let sse = anthropic_sse(false);
+    let (r, _) = metered::<P>(
+        &p,
+        "/v1/messages",
+        &body,
+        ("a", "claude-sonnet"),
+        SSE,
+        sse.as_bytes(),
+        100,
+        true,
+    );
+    assert_eq!(tokens(&r), [Some(4125), Some(1), Some(100), Some(4000)]);
+    assert_eq!(fact(&r, Fact::Complete), None);
+}
+
+#[test]
+fn an_anthropic_answer_is_metered_as_it_streams_json_and_sse() {
+    anthropic_json_and_sse::<true>();
+    anthropic_json_and_sse::<false>();
+}
+
+fn openai_responses<const P: bool>() {
+    let p = account_policy();
+    let body = json!({"model": "gpt", "input": "hi"})
+        .to_string()
+        .into_bytes();
+    let usage = r#"{"input_tokens":1200,"input_tokens_details":{"cached_tokens":1000},"output_tokens":80,"output_tokens_details":{"reasoning_tokens":64},"total_tokens":1280}"#;
+    let answer = format!(
+        r#"{{"id":"resp_1","object":"response","status":"completed","model":"gpt-5","output":[],"usage":{usage}}}"#
+    );
+    let (r, _) = metered::<P>(
+        &p,
+        "/v1/responses",
+        &body,
+        ("o", "gpt-5"),
+        JSON,
+        answer.as_bytes(),
+        33,
+        false,
+    );
+    // OpenAI counts the cache in input_tokens, as the record does.
+    assert_eq!(tokens(&r), [Some(1200), Some(80), None, Some(1000)]);
+    let want = (200.0 * 1.25 + 80.0 * 10.0 + 1000.0 * 0.125) / 1e6;
+    assert!(close(cost(&r), want), "{:?}", cost(&r));
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+
+    let sse = format!(
+        "event: response.created\ndata: {{\"type\":\"response.created\",\"response\":{{\"id\":\"resp_1\",\"usage\":null}}}}\n\n\
+         event: response.output_text.delta\ndata: {{\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}}\n\n\
+         event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{usage}}}}}\n\n"
+    );
+    let (r, out) = metered::<P>(
+        &p,
+        "/v1/responses",
+        &body,
+        ("o", "gpt-5"),
+        SSE,
+        sse.as_bytes(),
+        11,
+        false,
+    );
+    assert_eq!(out, sse.as_bytes());
+    assert_eq!(tokens(&r), [Some(1200), Some(80), None, Some(1000)]);
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+}
+
+#[test]
+fn an_openai_responses_answer_is_metered_json_and_sse() {
+    openai_responses::<true>();
+    openai_responses::<false>();
+}
+
+fn bedrock_invoke<const P: bool>() {
+    let p = account_policy();
+    let body = json!({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 1, "messages": []})
+        .to_string()
+        .into_bytes();
+    let answer = r#"{"id":"msg_1","type":"message","content":[],"usage":{"input_tokens":30,"output_tokens":7}}"#;
+    let (r, _) = metered::<P>(
+        &p,
+        "/model/opus/invoke",
+        &body,
+        ("br", "anthropic.claude-opus"),
+        JSON,
+        answer.as_bytes(),
+        16,
+        false,
+    );
+    assert_eq!(tokens(&r), [Some(30), Some(7), None, None]);
+    assert!(close(cost(&r), (30.0 * 15.0 + 7.0 * 75.0) / 1e6));
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+
+    // invoke-with-response-stream: the AWS event stream, Anthropic events in its chunks.
+    let mut stream = Vec::new();
+    for event in anthropic_sse(true).split("\n\n").filter(|e| !e.is_empty()) {
+        let data = event
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .expect("data");
+        stream.extend(chunk_frame(data));
+    }
+    let headers = &[
+        (":status", "200"),
+        ("content-type", "application/vnd.amazon.eventstream"),
+    ];
+    let (r, out) = metered::<P>(
+        &p,
+        "/model/opus/invoke-with-response-stream",
+        &body,
+        ("br", "anthropic.claude-opus"),
+        headers,
+        &stream,
+        50,
+        false,
+    );
+    assert_eq!(out, stream, "the event stream passes unchanged");
+    assert_eq!(tokens(&r), [Some(4125), Some(342), Some(100), Some(4000)]);
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+    // No cache prices: cache tokens at the input price.
+    let want = (25.0 * 15.0 + 342.0 * 75.0 + 4100.0 * 15.0) / 1e6;
+    assert!(close(cost(&r), want), "{:?}", cost(&r));
+}
+
+#[test]
+fn a_bedrock_answer_is_metered_json_and_event_stream() {
+    bedrock_invoke::<true>();
+    bedrock_invoke::<false>();
+}
+
+fn vertex_without_a_price<const P: bool>() {
+    let p = account_policy();
+    let body = messages("sonnet", 10);
+    // An Anthropic call served by Vertex (rawPredict answers in the Messages shape): the
+    // tokens are read; the Vertex model has no price, so its cost is unknown, not zero.
+    let (r, _) = metered::<P>(
+        &p,
+        "/v1/messages",
+        &body,
+        ("vx", "claude-sonnet@20250929"),
+        JSON,
+        ANTHROPIC_JSON.as_bytes(),
+        1000,
+        false,
+    );
+    assert_eq!(tokens(&r)[1], Some(503));
+    assert_eq!(fact(&r, Fact::CostUsd), None);
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+    assert!(
+        !r.envoy
+            .rec
+            .counts
+            .borrow()
+            .iter()
+            .any(|c| c.starts_with("halo.cost")),
+        "an unknown cost adds nothing"
+    );
+}
+
+#[test]
+fn a_vertex_answer_is_metered_and_an_unpriced_model_costs_unknown() {
+    vertex_without_a_price::<true>();
+    vertex_without_a_price::<false>();
+}
+
+fn gemini<const P: bool>() {
+    let p = account_policy();
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+        .to_string()
+        .into_bytes();
+    let usage = r#"{"promptTokenCount":500,"cachedContentTokenCount":100,"candidatesTokenCount":40,"thoughtsTokenCount":10,"totalTokenCount":550}"#;
+    let answer = format!(
+        r#"{{"candidates":[{{"content":{{"parts":[{{"text":"hello"}}]}},"finishReason":"STOP"}}],"usageMetadata":{usage}}}"#
+    );
+    let (r, _) = metered::<P>(
+        &p,
+        "/v1beta/models/gem:generateContent",
+        &body,
+        ("g", "gemini-2.5-pro"),
+        JSON,
+        answer.as_bytes(),
+        20,
+        false,
+    );
+    assert_eq!(tokens(&r), [Some(500), Some(50), None, Some(100)]);
+    assert!(close(
+        cost(&r),
+        (400.0 * 1.25 + 50.0 * 10.0 + 100.0 * 0.31) / 1e6
+    ));
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+
+    let sse = format!(
+        "data: {{\"candidates\":[{{\"content\":{{\"parts\":[{{\"text\":\"he\"}}]}}}}],\"usageMetadata\":{{\"promptTokenCount\":500}}}}\r\n\r\n\
+         data: {{\"candidates\":[{{\"content\":{{\"parts\":[{{\"text\":\"llo\"}}]}},\"finishReason\":\"STOP\"}}],\"usageMetadata\":{usage}}}\r\n\r\n"
+    );
+    let (r, out) = metered::<P>(
+        &p,
+        "/v1beta/models/gem:streamGenerateContent?alt=sse",
+        &body,
+        ("g", "gemini-2.5-pro"),
+        SSE,
+        sse.as_bytes(),
+        9,
+        false,
+    );
+    assert_eq!(out, sse.as_bytes());
+    assert_eq!(tokens(&r), [Some(500), Some(50), None, Some(100)]);
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+}
+
+#[test]
+fn a_gemini_answer_is_metered_json_and_sse() {
+    gemini::<true>();
+    gemini::<false>();
+}
+
+fn errors_and_token_counts<const P: bool>() {
+    let p = account_policy();
+    let body = messages("sonnet", 10);
+    // An error answer: no usage read, not complete; its time to first byte still counts.
+    let error =
+        br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens"}}"#;
+    let headers = &[(":status", "400"), ("content-type", "application/json")];
+    let (r, out) = metered::<P>(
+        &p,
+        "/v1/messages",
+        &body,
+        ("a", "claude-sonnet"),
+        headers,
+        error,
+        1000,
+        false,
+    );
+    assert_eq!(out, error);
+    assert_eq!(tokens(&r), [None; 4]);
+    assert_eq!(fact(&r, Fact::Complete), None);
+    assert!(fact(&r, Fact::Unit).is_some() && fact(&r, Fact::TimeToFirstToken).is_some());
+    // Token counting is not a model call: no account at all.
+    let (r, _) = metered::<P>(
+        &p,
+        "/v1/messages/count_tokens",
+        &body,
+        ("a", "claude-sonnet"),
+        JSON,
+        br#"{"input_tokens":12}"#,
+        1000,
+        false,
+    );
+    assert!(r.envoy.state.is_empty(), "{:?}", r.envoy.state);
+}
+
+#[test]
+fn an_error_answer_has_no_usage_and_token_counting_no_account() {
+    errors_and_token_counts::<true>();
+    errors_and_token_counts::<false>();
+}

@@ -10,6 +10,10 @@
 //! kind of host it is ([`Host::PIECEWISE`]) so the flow can write an edit before the body
 //! has all arrived where that saves a copy.
 
+use std::time::Duration;
+
+use halo_envoy_config::evidence::Fact;
+
 use crate::config::IdentitySettings;
 use crate::metrics::Counter;
 use crate::pipeline::{PrefixEdit, VerifiedClaims};
@@ -37,7 +41,12 @@ pub enum Level {
 /// Never a header value, a body or a user in a log line.
 pub trait Telemetry {
     fn log(&self, level: Level, message: &str);
-    fn count(&self, counter: Counter<'_>);
+    /// Add `amount` to `counter`.
+    fn add(&self, counter: Counter<'_>, amount: u64);
+    /// Add one to `counter`.
+    fn count(&self, counter: Counter<'_>) {
+        self.add(counter, 1);
+    }
 }
 
 /// One stream's Envoy, for the duration of a hook. Header names are lowercase.
@@ -98,6 +107,15 @@ pub trait Host: Telemetry {
     /// Replace the whole request body with `edit` of `body` (the body as received, all of
     /// it), whatever an earlier write left in Envoy's buffer.
     fn replace_request_body(&mut self, edit: &PrefixEdit, body: &[u8]);
+
+    /// Wall-clock time now, since the Unix epoch (the time to an answer's first byte).
+    fn now(&self) -> Duration;
+    /// Write an evidence fact where Envoy's access log reads it (filter state under
+    /// [`Fact::state_key`], the same key in both builds), replacing an earlier value.
+    fn set_fact(&mut self, fact: Fact, value: &str);
+    /// A string of the serving endpoint's `filter_metadata.halo` (its `upstream`,
+    /// `model`): the request filter's response side reads which target served.
+    fn served_metadata(&self, key: &str) -> Option<String>;
 
     /// The response body passed to the current response-body hook.
     fn response_body(&self) -> Vec<u8>;

@@ -11,12 +11,15 @@
 //! - [`pipeline`]: identity, body bound, admit, decision, route pick, model rewrite.
 //! - [`hygiene`]: which client headers never reach an upstream; the x-halo-* stamps.
 //! - [`killstate`]: the kill list in force (poll results, lists shared by other workers).
+//! - [`account`]: the response side of a decided call: usage, cost and time to first
+//!   byte, written where Envoy's OpenTelemetry access logger reads them.
 //! - [`metrics`]: the counters, named once for both builds.
 //! - [`cidr`]: trusted proxy prefixes. [`claims`], [`jwt`]: verified claims as Envoy
 //!   hands them to each build.
 //!
 //! Nothing here logs a header value, a body or a user.
 
+pub mod account;
 pub mod attempt;
 pub mod cidr;
 pub mod claims;

@@ -41,6 +41,41 @@ pub enum Counter<'a> {
     AttemptRewrites,
     /// Hooks that panicked (native build: the request was answered 500).
     Panics,
+    /// Tokens of decided model calls by ring, variant, the upstream that served (empty
+    /// when none did) and kind ([`crate::account`]).
+    Tokens {
+        ring: &'a str,
+        variant: Option<&'a str>,
+        upstream: &'a str,
+        kind: TokenKind,
+    },
+    /// Their cost from the policy's price table, in millionths of a USD (a call of
+    /// unknown cost adds nothing).
+    CostMicroUsd {
+        ring: &'a str,
+        variant: Option<&'a str>,
+        upstream: &'a str,
+    },
+}
+
+/// How a token is billed (halo-providers' `usage::Usage` fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    Input,
+    Output,
+    CacheWrite,
+    CacheRead,
+}
+
+impl TokenKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Input => "input",
+            TokenKind::Output => "output",
+            TokenKind::CacheWrite => "cache_write",
+            TokenKind::CacheRead => "cache_read",
+        }
+    }
 }
 
 /// A counter's name and tag names, as the native build defines it.
@@ -74,15 +109,25 @@ pub const PANICS: Definition = Definition {
     name: "panics",
     tags: &[],
 };
+pub const TOKENS: Definition = Definition {
+    name: "tokens",
+    tags: &["ring", "variant", "upstream", "kind"],
+};
+pub const COST_MICRO_USD: Definition = Definition {
+    name: "cost_micro_usd",
+    tags: &["ring", "variant", "upstream"],
+};
 
 /// Every counter.
-pub const ALL: [Definition; 6] = [
+pub const ALL: [Definition; 8] = [
     REQUESTS,
     AUTH_FAILURES,
     DECISIONS,
     KILLSWITCH_FETCH,
     ATTEMPT_REWRITES,
     PANICS,
+    TOKENS,
+    COST_MICRO_USD,
 ];
 
 /// The prefix of every counter name (and of every Prometheus label name).
@@ -105,6 +150,8 @@ impl Counter<'_> {
             Counter::KillswitchFetch { .. } => KILLSWITCH_FETCH,
             Counter::AttemptRewrites => ATTEMPT_REWRITES,
             Counter::Panics => PANICS,
+            Counter::Tokens { .. } => TOKENS,
+            Counter::CostMicroUsd { .. } => COST_MICRO_USD,
         }
     }
 
@@ -130,6 +177,26 @@ impl Counter<'_> {
                 source.to_string(),
             ],
             Counter::KillswitchFetch { outcome } => vec![outcome.to_string()],
+            Counter::Tokens {
+                ring,
+                variant,
+                upstream,
+                kind,
+            } => vec![
+                ring.to_string(),
+                variant.unwrap_or("none").to_string(),
+                none_if_empty(upstream).to_string(),
+                kind.as_str().to_string(),
+            ],
+            Counter::CostMicroUsd {
+                ring,
+                variant,
+                upstream,
+            } => vec![
+                ring.to_string(),
+                variant.unwrap_or("none").to_string(),
+                none_if_empty(upstream).to_string(),
+            ],
             Counter::AuthFailures | Counter::AttemptRewrites | Counter::Panics => Vec::new(),
         }
     }
@@ -146,6 +213,10 @@ impl Counter<'_> {
         }
         name
     }
+}
+
+fn none_if_empty(value: &str) -> &str {
+    if value.is_empty() { "none" } else { value }
 }
 
 /// The Prometheus label name of tag `tag` (`halo_ring`).
@@ -199,6 +270,25 @@ mod tests {
             }
             .dotted(),
             "halo.killswitch_fetch.outcome.accepted"
+        );
+        let tokens = Counter::Tokens {
+            ring: "general",
+            variant: Some("canary"),
+            upstream: "anthropic-direct",
+            kind: TokenKind::CacheRead,
+        };
+        assert_eq!(
+            tokens.dotted(),
+            "halo.tokens.ring.general.variant.canary.upstream.anthropic-direct.kind.cache_read"
+        );
+        let cost = Counter::CostMicroUsd {
+            ring: "general",
+            variant: None,
+            upstream: "",
+        };
+        assert_eq!(
+            cost.dotted(),
+            "halo.cost_micro_usd.ring.general.variant.none.upstream.none"
         );
     }
 }

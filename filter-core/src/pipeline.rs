@@ -23,6 +23,7 @@ use halo_policy::decide::{self, Caller, Decision, Subject};
 use halo_policy::route;
 use halo_policy::types::WireProtocol;
 
+use crate::account;
 use crate::attempt::Note;
 use crate::config::{Config, IdentityMode};
 use crate::hygiene;
@@ -361,6 +362,8 @@ pub struct Forward {
     pub ring: String,
     pub variant: Option<String>,
     pub decision: Option<Decision>,
+    /// The response side's account of a decided model call ([`crate::account`]).
+    pub account: Option<account::Call>,
 }
 
 /// Body-time steps on the kill-list-applied snapshot `snap`. `scanned` is the body's scan
@@ -456,8 +459,36 @@ pub fn on_body(
         ring: decision.ring.clone(),
         variant: decision.experiment.as_ref().map(|a| a.variant.clone()),
         stamps,
+        account: account_of(snap, pending, &call, &decision),
         decision: Some(decision),
     })
+}
+
+/// The account of a decided call: its unit is the subject hashed with the experiment's
+/// salt when the call counts for one, else the ring's ([`assign::unit_salt`]); anonymous
+/// callers share the unit of the empty subject.
+fn account_of(
+    snap: &Snapshot,
+    pending: &Pending,
+    call: &admit::ModelCall,
+    decision: &Decision,
+) -> Option<account::Call> {
+    let experiment_salt = decision
+        .experiment
+        .as_ref()
+        .and_then(|a| snap.experiment(&a.experiment))
+        .map(|e| e.salt.as_str());
+    let salt = assign::unit_salt(experiment_salt, &decision.ring);
+    let user = match &pending.caller {
+        Caller::Verified(s) => s.user.as_str(),
+        Caller::Anonymous => "",
+    };
+    account::Call::new(
+        call.wire,
+        call.operation,
+        assign::unit(&salt, user),
+        call.alias.clone(),
+    )
 }
 
 /// GET /v1/models passes through, to the upstream of the `default` alias's first target,
@@ -502,6 +533,7 @@ fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
         ring: decide::UNKNOWN_RING.to_string(),
         variant: None,
         decision: None,
+        account: None,
     })
 }
 

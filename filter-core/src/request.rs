@@ -14,6 +14,7 @@ use halo_policy::body_scan::Incremental;
 use halo_policy::decide::UNKNOWN_RING;
 use halo_policy::types::WireProtocol;
 
+use crate::account::Account;
 use crate::attempt::{self};
 use crate::cidr;
 use crate::config::{Config, IdentityMode};
@@ -61,6 +62,8 @@ pub struct RequestFlow {
     /// while the hook that replaced it still runs, and a native build then cannot run
     /// the stream's end for it).
     counted: bool,
+    /// The response side's account of a decided model call.
+    account: Option<Account>,
 }
 
 /// The answer when the filter has no configuration (its configuration was refused).
@@ -302,6 +305,9 @@ impl RequestFlow {
                 source: d.source.as_str(),
             });
         }
+        if let Some(call) = forward.account.take() {
+            self.account = Some(Account::start(host, call));
+        }
         self.ring = Some(forward.ring);
         self.variant = forward.variant;
     }
@@ -313,16 +319,24 @@ impl RequestFlow {
     /// router retries each such failure while attempts and targets remain (the route's
     /// `retry_on`), so one that reaches the request filter is the last. A streamed answer
     /// began with a success and passes untouched.
-    pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Next {
+    ///
+    /// A decided call's account reads which target served ([`Account`]) when the answer
+    /// is passed on.
+    pub fn on_response_headers<H: Host>(
+        &mut self,
+        host: &mut H,
+        policy: &impl Policy,
+        end_of_stream: bool,
+    ) -> Next {
         let Some(wire) = self.routed.take() else {
-            return Next::Continue;
+            return self.account_headers(host, policy, end_of_stream);
         };
         let status = host
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
         let details = host.response_code_details();
         if !every_target_failed(status, details.as_deref()) {
-            return Next::Continue;
+            return self.account_headers(host, policy, end_of_stream);
         }
         host.log(
             Level::Info,
@@ -338,10 +352,35 @@ impl RequestFlow {
         Next::Stop
     }
 
-    /// The stream ended: count it by ring, variant and status.
+    fn account_headers<H: Host>(
+        &mut self,
+        host: &mut H,
+        policy: &impl Policy,
+        end_of_stream: bool,
+    ) -> Next {
+        if let Some(account) = self.account.as_mut() {
+            account.on_response_headers(host, &*policy.snapshot(), end_of_stream);
+        }
+        Next::Continue
+    }
+
+    /// A piece of the answer: metered as it passes, never held.
+    pub fn on_response_body<H: Host>(&mut self, host: &mut H, end_of_stream: bool) -> Next {
+        if let Some(account) = self.account.as_mut() {
+            account.on_response_body(host, end_of_stream);
+        }
+        Next::Continue
+    }
+
+    /// The stream ended: count it by ring, variant and status, and a decided call's
+    /// tokens and cost.
     pub fn on_stream_complete<H: Host>(&mut self, host: &mut H) {
         let status = host.response_code().unwrap_or(0);
         self.count_request(host, status);
+        if let Some(account) = self.account.as_mut() {
+            let ring = self.ring.as_deref().unwrap_or(UNKNOWN_RING);
+            account.on_stream_complete(host, ring, self.variant.as_deref());
+        }
     }
 
     /// Count the request by ring, variant and `status`, once.

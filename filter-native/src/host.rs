@@ -1,6 +1,9 @@
 //! halo-filter-core's [`Host`] over Envoy's dynamic-module ABI ([`crate::ffi::envoy`]).
 //! No decisions and no `unsafe` here: each method is one or two calls into Envoy.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use halo_envoy_config::evidence::Fact;
 use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_filter_core::attempt::ATTEMPT_PROPERTY;
 use halo_filter_core::config::IdentitySettings;
@@ -33,19 +36,24 @@ impl Telemetry for NativeHost<'_> {
         log(level, message);
     }
 
-    /// Request counts go to the tally (handed to Envoy on the next tick); the others,
-    /// rare, to Envoy at once; the per-attempt stage's (no counters of its own) to
-    /// [`STAGE_COUNTS`], handed over on the next tick too.
-    fn count(&self, counter: Counter<'_>) {
+    /// Per-request counts (requests, decisions, tokens, cost) go to the tally (handed to
+    /// Envoy on the next tick); the others, rare, to Envoy at once; the per-attempt
+    /// stage's (no counters of its own) to [`STAGE_COUNTS`], handed over on the next tick
+    /// too.
+    fn add(&self, counter: Counter<'_>, amount: u64) {
         let id = self.meter.id(&counter);
         match counter {
-            Counter::Requests { .. } | Counter::Decisions { .. } | Counter::AuthFailures => {
-                self.meter.tally.add(id, &counter.values());
+            Counter::Requests { .. }
+            | Counter::Decisions { .. }
+            | Counter::AuthFailures
+            | Counter::Tokens { .. }
+            | Counter::CostMicroUsd { .. } => {
+                self.meter.tally.add(id, &counter.values(), amount);
             }
             Counter::KillswitchFetch { .. } | Counter::AttemptRewrites | Counter::Panics => {
                 match id {
-                    Some(id) => self.s.increment(id, &counter.values()),
-                    None => STAGE_COUNTS.add(&counter),
+                    Some(id) => self.s.increment(id, &counter.values(), amount),
+                    None => STAGE_COUNTS.add(&counter, amount),
                 }
             }
         }
@@ -160,6 +168,22 @@ impl Host for NativeHost<'_> {
 
     fn replace_request_body(&mut self, edit: &PrefixEdit, body: &[u8]) {
         body_edit::replace(self.s, edit, body);
+    }
+
+    fn now(&self) -> Duration {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+    }
+
+    fn set_fact(&mut self, fact: Fact, value: &str) {
+        self.s.set_filter_state(fact.state_key(), value.as_bytes());
+    }
+
+    fn served_metadata(&self, key: &str) -> Option<String> {
+        self.s
+            .host_metadata_string(METADATA_NAMESPACE, key)
+            .and_then(|b| String::from_utf8(b).ok())
     }
 
     fn response_body(&self) -> Vec<u8> {

@@ -39,6 +39,8 @@ pub struct Meter {
     pub killswitch_fetch: Option<usize>,
     pub attempt_rewrites: Option<usize>,
     pub panics: Option<usize>,
+    pub tokens: Option<usize>,
+    pub cost_micro_usd: Option<usize>,
     /// Counts waiting for the next tick.
     pub tally: Tally,
 }
@@ -53,6 +55,8 @@ impl Meter {
             Counter::KillswitchFetch { .. } => self.killswitch_fetch,
             Counter::AttemptRewrites => self.attempt_rewrites,
             Counter::Panics => self.panics,
+            Counter::Tokens { .. } => self.tokens,
+            Counter::CostMicroUsd { .. } => self.cost_micro_usd,
         }
     }
 }
@@ -83,14 +87,14 @@ pub static STAGE_COUNTS: StageCounts = StageCounts {
 };
 
 impl StageCounts {
-    /// Count one of `counter` (the stage counts only attempt rewrites and panics).
-    pub fn add(&self, counter: &Counter<'_>) {
+    /// Add `amount` to `counter` (the stage counts only attempt rewrites and panics).
+    pub fn add(&self, counter: &Counter<'_>, amount: u64) {
         let slot = match counter {
             Counter::AttemptRewrites => &self.attempt_rewrites,
             Counter::Panics => &self.panics,
             _ => return,
         };
-        slot.fetch_add(1, Ordering::Relaxed);
+        slot.fetch_add(amount, Ordering::Relaxed);
     }
 
     /// The counts since the last take: (attempt rewrites, panics).
@@ -109,8 +113,8 @@ impl StageCounts {
 pub struct Tally(Mutex<HashMap<(usize, Vec<String>), u64>>);
 
 impl Tally {
-    /// Count one for counter `id` with `labels`.
-    pub fn add<S: AsRef<str>>(&self, id: Option<usize>, labels: &[S]) {
+    /// Add `amount` to counter `id` with `labels`.
+    pub fn add<S: AsRef<str>>(&self, id: Option<usize>, labels: &[S], amount: u64) {
         let Some(id) = id else { return };
         let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // Looked up by borrowed labels first: no allocation for a combination seen before.
@@ -124,12 +128,12 @@ impl Tally {
             })
             .map(|(_, n)| n)
         {
-            *n += 1;
+            *n += amount;
             return;
         }
         counts.insert(
             (id, labels.iter().map(|l| l.as_ref().to_string()).collect()),
-            1,
+            amount,
         );
     }
 
@@ -218,6 +222,8 @@ impl Plugin {
             killswitch_fetch: define(envoy, metrics::KILLSWITCH_FETCH),
             attempt_rewrites: define(envoy, metrics::ATTEMPT_REWRITES),
             panics: define(envoy, metrics::PANICS),
+            tokens: define(envoy, metrics::TOKENS),
+            cost_micro_usd: define(envoy, metrics::COST_MICRO_USD),
             tally: Tally::default(),
         };
         let start = Starting {
@@ -253,9 +259,9 @@ impl Telemetry for Starting<'_> {
         log(level, message);
     }
 
-    fn count(&self, counter: Counter<'_>) {
+    fn add(&self, counter: Counter<'_>, amount: u64) {
         if let Some(id) = self.meter.id(&counter) {
-            self.envoy.increment(id, &counter.values(), 1);
+            self.envoy.increment(id, &counter.values(), amount);
         }
     }
 }
@@ -400,14 +406,17 @@ mod tests {
     #[test]
     fn the_tally_counts_per_counter_and_labels_and_starts_again_after_a_take() {
         let t = Tally::default();
-        t.add(Some(1), &["general", "none", "200"]);
-        t.add(Some(1), &["general", "none", "200"]);
-        t.add(Some(1), &["canary", "none", "200"]);
-        t.add(Some(2), &["general", "none", "200"]);
-        t.add(None, &["ignored"]);
+        t.add(Some(1), &["general", "none", "200"], 1);
+        t.add(Some(1), &["general", "none", "200"], 1);
+        t.add(Some(1), &["canary", "none", "200"], 1);
+        t.add(Some(2), &["general", "none", "200"], 1);
+        t.add(Some(3), &["general", "none", "a", "input"], 4125);
+        t.add(Some(3), &["general", "none", "a", "input"], 30);
+        t.add(None, &["ignored"], 1);
         let counts = t.take();
         let key = |id: usize, l: &[&str]| (id, l.iter().map(|s| s.to_string()).collect());
-        assert_eq!(counts.len(), 3);
+        assert_eq!(counts.len(), 4);
+        assert_eq!(counts[&key(3, &["general", "none", "a", "input"])], 4155);
         assert_eq!(counts[&key(1, &["general", "none", "200"])], 2);
         assert_eq!(counts[&key(1, &["canary", "none", "200"])], 1);
         assert_eq!(counts[&key(2, &["general", "none", "200"])], 1);

@@ -7,6 +7,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use halo_envoy_config::evidence::Fact;
 use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_filter_core::attempt::ATTEMPT_PROPERTY;
 use halo_filter_core::config::{Config, IdentitySettings, Plugin};
@@ -46,9 +47,9 @@ impl Telemetry for Metrics {
         let _ = hostcalls::log(level, message);
     }
 
-    fn count(&self, counter: Counter<'_>) {
+    fn add(&self, counter: Counter<'_>, amount: u64) {
         if let Some(id) = self.define(counter.dotted()) {
-            let _ = hostcalls::increment_metric(id, 1);
+            let _ = hostcalls::increment_metric(id, i64::try_from(amount).unwrap_or(i64::MAX));
         }
     }
 }
@@ -269,8 +270,8 @@ impl Telemetry for WasmHost<'_> {
         self.metrics.log(level, message);
     }
 
-    fn count(&self, counter: Counter<'_>) {
-        self.metrics.count(counter);
+    fn add(&self, counter: Counter<'_>, amount: u64) {
+        self.metrics.add(counter, amount);
     }
 }
 
@@ -409,6 +410,29 @@ impl Host for WasmHost<'_> {
         );
     }
 
+    fn now(&self) -> Duration {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .unwrap_or_default()
+    }
+
+    /// A property the module sets is the filter state `wasm.<name>`.
+    fn set_fact(&mut self, fact: Fact, value: &str) {
+        let _ = hostcalls::set_property(vec![fact.property()], Some(value.as_bytes()));
+    }
+
+    fn served_metadata(&self, key: &str) -> Option<String> {
+        Self::property(vec![
+            "xds",
+            "upstream_host_metadata",
+            "filter_metadata",
+            METADATA_NAMESPACE,
+            key,
+        ])
+        .and_then(|b| String::from_utf8(b).ok())
+    }
+
     fn response_body(&self) -> Vec<u8> {
         hostcalls::get_buffer(BufferType::HttpResponseBody, 0, self.body_size)
             .ok()
@@ -465,12 +489,27 @@ impl HttpContext for Http {
         action(self.flow.on_request_body(&mut host, state, end_of_stream))
     }
 
-    fn on_http_response_headers(&mut self, _num: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num: usize, end_of_stream: bool) -> Action {
         let mut host = WasmHost {
             metrics: &self.metrics,
             body_size: 0,
         };
-        action(self.flow.on_response_headers(&mut host))
+        let guard = self.state.borrow();
+        let Some(state) = guard.as_ref() else {
+            return Action::Continue;
+        };
+        action(
+            self.flow
+                .on_response_headers(&mut host, state, end_of_stream),
+        )
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let mut host = WasmHost {
+            metrics: &self.metrics,
+            body_size,
+        };
+        action(self.flow.on_response_body(&mut host, end_of_stream))
     }
 
     fn on_log(&mut self) {

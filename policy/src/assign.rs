@@ -27,6 +27,7 @@
 //! | experiment variant           | the experiment's `salt` | user                       |
 //! | toggle rule `percent`        | `toggle:<toggle name>`  | user                       |
 //! | weighted target in a tier    | `route:<alias>`         | [`sticky_key`] (user, session) |
+//! | evidence unit ([`unit`])     | `unit:` + the experiment's `salt` (outside one: `unit:ring:<ring>`) | user |
 //!
 //! Distinct salts make the uses independent: being in a ring's 10% says nothing about being
 //! in a toggle's 10%.
@@ -101,6 +102,28 @@ pub fn toggle_salt(toggle: &str) -> String {
 /// Salt of the weighted pick within a tier of an alias's targets.
 pub fn route_salt(alias: &str) -> String {
     format!("route:{alias}")
+}
+
+/// The evidence unit of `user` (spec: "the per-unit key is a salted hash"): 32 lowercase
+/// hex digits (128 bits) of `SHA-256(salt || 0x00 || user)` for the salt [`unit_salt`]
+/// gives. What leaves the gateway in place of the subject: the controller compares
+/// variants per unit without ever seeing who the unit is. Distinct from the variant hash
+/// (its own salt prefix), so a unit says nothing about another use's bucket.
+pub fn unit(salt: &str, user: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(salt.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(user.as_bytes());
+    hex::encode(&hasher.finalize()[..16])
+}
+
+/// The salt of the evidence [`unit`]: the experiment's own salt when the call counts for
+/// one, else the ring's.
+pub fn unit_salt(experiment_salt: Option<&str>, ring: &str) -> String {
+    match experiment_salt {
+        Some(salt) => format!("unit:{salt}"),
+        None => format!("unit:{}", ring_salt(ring)),
+    }
 }
 
 /// Whether `user` is in the `percent` share of ring `ring` (a ring's `membership.percent`).
@@ -352,5 +375,24 @@ mod tests {
         assert_eq!(pick("s", "k", &[0, 7, 0]), Some(1));
         // Weights near u32::MAX do not overflow the sum.
         assert!(pick("s", "k", &[u32::MAX, u32::MAX]).is_some());
+    }
+
+    #[test]
+    fn the_unit_is_a_salted_hash_never_the_user() {
+        let a = unit(&unit_salt(Some("s1"), "general"), "alice@acme.com");
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert!(!a.contains("alice"));
+        // Stable, and another salt (experiment) or user gives another unit.
+        assert_eq!(a, unit(&unit_salt(Some("s1"), "general"), "alice@acme.com"));
+        assert_ne!(a, unit(&unit_salt(Some("s2"), "general"), "alice@acme.com"));
+        assert_ne!(a, unit(&unit_salt(Some("s1"), "general"), "bob@acme.com"));
+        // Outside an experiment the ring salts it; the prefix keeps it apart from the
+        // variant hash of the same salt.
+        assert_eq!(unit_salt(None, "early"), "unit:ring:early");
+        assert_ne!(&a[..16], format!("{:016x}", hash64("s1", "alice@acme.com")));
     }
 }

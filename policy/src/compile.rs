@@ -93,6 +93,7 @@ pub fn compile(org: &Org) -> Snapshot {
         rings,
         experiments,
         toggles,
+        prices: gateway.prices.clone(),
     }
 }
 

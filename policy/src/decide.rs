@@ -442,6 +442,7 @@ pub(crate) mod testkit {
                 rings: vec![],
                 experiments: vec![],
                 toggles: vec![],
+                prices: Default::default(),
             };
             SnapBuilder { snap }
         }

@@ -3,7 +3,7 @@
 //!
 //! It holds only what the traffic plane needs, with every route normalized to a list of
 //! targets: the identity provider, the wires, the upstreams, the alias routes, the rings in
-//! resolution order, the running experiments and the traffic toggles. Profiles,
+//! resolution order, the running experiments, the traffic toggles and the price table. Profiles,
 //! client toggles and rollouts stay in the policy repo (halod gets its part through signed
 //! releases). Its bytes are deterministic and their sha256 is the snapshot's version.
 
@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::types::{
-    Axis, ExperimentStatus, ExperimentType, Harness, Identity, Membership, ShadowTurns, Target,
-    ToggleRule, Upstream, WireProtocol,
+    Axis, ExperimentStatus, ExperimentType, Harness, Identity, Membership, Price, ShadowTurns,
+    Target, ToggleRule, Upstream, WireProtocol,
 };
 
 /// Format version of the snapshot document; bumped on an incompatible change.
@@ -41,6 +41,10 @@ pub struct Snapshot {
     pub experiments: Vec<SnapshotExperiment>,
     /// Traffic toggles, by name. The kill list removes some.
     pub toggles: Vec<SnapshotToggle>,
+    /// The Gateway's price table (upstream -> model -> price), for the cost of each call
+    /// the gateway accounts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, BTreeMap<String, Price>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,6 +131,11 @@ impl Snapshot {
     /// This snapshot's version (sha256 of its canonical bytes).
     pub fn version(&self) -> String {
         Snapshot::version_of(&self.to_bytes())
+    }
+
+    /// The price of `model` on `upstream`, when the price table has one.
+    pub fn price(&self, upstream: &str, model: &str) -> Option<&Price> {
+        self.prices.get(upstream)?.get(model)
     }
 
     /// The experiment of this name, if it is in the snapshot.

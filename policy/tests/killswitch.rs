@@ -412,6 +412,7 @@ fn snapshot() -> Snapshot {
             experiment("exp-concluded", ExperimentStatus::Concluded),
         ],
         toggles: vec![toggle("tog-a"), toggle("tog-b")],
+        prices: Default::default(),
     }
 }
 

@@ -190,6 +190,11 @@ impl Meter {
         }
     }
 
+    /// The usage seen so far (each field the latest reported).
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
     /// The answer ended normally.
     pub fn finish(mut self) -> Accounting {
         let ended = match &mut self.body {

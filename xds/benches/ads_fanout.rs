@@ -115,6 +115,7 @@ fn policy(generation: u32) -> halo_policy::Snapshot {
         rings: vec![],
         experiments,
         toggles: vec![],
+        prices: Default::default(),
     }
 }
 

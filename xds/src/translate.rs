@@ -545,6 +545,7 @@ mod tests {
             rings: vec![],
             experiments: vec![],
             toggles: vec![],
+            prices: Default::default(),
         };
         let s = GatewaySettings::default();
         assert!(matches!(
@@ -591,6 +592,7 @@ mod tests {
             rings: vec![],
             experiments: vec![],
             toggles: vec![],
+            prices: Default::default(),
         };
         snap.upstreams.insert(
             "v".into(),

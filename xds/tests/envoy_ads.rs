@@ -152,6 +152,7 @@ fn policy(ports: &[(&str, u16)], route: Vec<Target>) -> halo_policy::Snapshot {
         rings: vec![],
         experiments: vec![],
         toggles: vec![],
+        prices: Default::default(),
     }
 }
 

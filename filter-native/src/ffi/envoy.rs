@@ -427,8 +427,8 @@ impl Stream<'_> {
         .flatten()
     }
 
-    /// Add one to counter `id` (defined by this stream's filter config) with `labels`.
-    pub fn increment<S: AsRef<str>>(self, id: usize, labels: &[S]) {
+    /// Add `amount` to counter `id` (defined by this stream's filter config) with `labels`.
+    pub fn increment<S: AsRef<str>>(self, id: usize, labels: &[S], amount: u64) {
         let labels: Vec<ModuleBuffer> = labels.iter().map(|l| buf(l.as_ref())).collect();
         // SAFETY: live stream; labels outlive the call.
         unsafe {
@@ -437,7 +437,7 @@ impl Stream<'_> {
                 id,
                 labels.as_ptr(),
                 labels.len(),
-                1,
+                amount,
             );
         }
     }

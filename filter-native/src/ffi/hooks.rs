@@ -174,9 +174,9 @@ unsafe fn stream_hook(
             drop(f);
             slot.failed.set(true);
             match slot.panics {
-                Some(id) => s.increment(id, &[] as &[&str]),
+                Some(id) => s.increment(id, &[] as &[&str], 1),
                 // The per-attempt stage has no counters of its own.
-                None => STAGE_COUNTS.add(&Counter::Panics),
+                None => STAGE_COUNTS.add(&Counter::Panics, 1),
             }
             log(
                 Level::Error,
@@ -448,20 +448,22 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     envoy: FilterEnvoyPtr,
     filter: FilterModulePtr,
-    _end_of_stream: bool,
+    end_of_stream: bool,
 ) -> u32 {
     // SAFETY: Envoy's contract for this hook.
     unsafe {
         stream_hook(envoy, filter, Hook::ResponseHeaders, |s, f| {
             f.panic_if(TestPanic::ResponseHeaders);
-            match f {
+            headers_status(match f {
+                Filter::Request { plugin, flow } => flow.on_response_headers(
+                    &mut NativeHost::new(s, &plugin.meter),
+                    &**plugin,
+                    end_of_stream,
+                ),
                 Filter::Stage { plugin, flow } => {
-                    headers_status(flow.on_response_headers(&mut NativeHost::new(s, &plugin.meter)))
+                    flow.on_response_headers(&mut NativeHost::new(s, &plugin.meter))
                 }
-                Filter::Request { plugin, flow } => {
-                    headers_status(flow.on_response_headers(&mut NativeHost::new(s, &plugin.meter)))
-                }
-            }
+            })
         })
     }
 }
@@ -477,13 +479,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     // SAFETY: Envoy's contract for this hook.
     unsafe {
         stream_hook(envoy, filter, Hook::ResponseBody, |s, f| {
-            if let Filter::Stage { plugin, flow } = f {
-                body_status(
-                    flow.on_response_body(&mut NativeHost::new(s, &plugin.meter), end_of_stream),
-                )
-            } else {
-                abi::BODY_CONTINUE
-            }
+            body_status(match f {
+                Filter::Request { plugin, flow } => {
+                    flow.on_response_body(&mut NativeHost::new(s, &plugin.meter), end_of_stream)
+                }
+                Filter::Stage { plugin, flow } => {
+                    flow.on_response_body(&mut NativeHost::new(s, &plugin.meter), end_of_stream)
+                }
+            })
         })
     }
 }

@@ -1,0 +1,266 @@
+//! The evidence record of a decided model call as Envoy exports it (spec: low-level
+//! design, request path 12 "Deferred metrics"; DESIGN.md "The evidence loop", steps 1
+//! and 2): one OTLP log record per call, sent by Envoy's own OpenTelemetry access logger
+//! (`envoy.access_loggers.open_telemetry`, OTLP/gRPC) to halo-server's gateway receiver
+//! with the gateway token as gRPC metadata. No network call from the filter.
+//!
+//! Each attribute comes from the one component that knows it:
+//! - the filter's [`Fact`]s, written into the stream's filter state as the answer streams
+//!   by (usage, cost, time to first token, the salted unit, the alias);
+//! - the filter's request stamps (`x-halo-ring`, `-release`, `-experiment`, `-variant`);
+//! - the serving endpoint's metadata (`filter_metadata.halo`: upstream, model, target),
+//!   which the renderers write on every target endpoint;
+//! - Envoy's own stream facts: the status sent, the upstream attempts and the duration.
+//!
+//! Names are OpenTelemetry's GenAI semantic conventions where one exists, the spec's
+//! `halo.gateway.*` and `halo.*` otherwise; halo-evidence's `otlp` module reads exactly
+//! these ([`ATTRIBUTES`]). Never a subject, a session id, a prompt or a header value other
+//! than the filter's own stamps.
+
+use serde_json::{Value, json};
+
+use crate::bootstrap::Endpoint;
+use crate::names::METADATA_NAMESPACE;
+
+/// The log record's body: the spec's name of the per-call event.
+pub const EVENT_NAME: &str = "halo.gateway.requests";
+
+/// What the filter alone knows about a call, each written as one filter-state value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fact {
+    /// The salted hash of the verified subject (never the subject).
+    Unit,
+    /// The model alias the client asked for.
+    Alias,
+    /// Prompt tokens, every kind (GenAI's `input_tokens` includes the cache's).
+    InputTokens,
+    OutputTokens,
+    CacheWriteTokens,
+    CacheReadTokens,
+    /// USD, from the policy's price table; absent when unknown (never zero).
+    CostUsd,
+    /// `true` once the answer ended normally and its final usage was read.
+    Complete,
+    /// Seconds from the request's headers to the answer's first byte.
+    TimeToFirstToken,
+}
+
+impl Fact {
+    pub const ALL: [Fact; 9] = [
+        Fact::Unit,
+        Fact::Alias,
+        Fact::InputTokens,
+        Fact::OutputTokens,
+        Fact::CacheWriteTokens,
+        Fact::CacheReadTokens,
+        Fact::CostUsd,
+        Fact::Complete,
+        Fact::TimeToFirstToken,
+    ];
+
+    /// The OTLP attribute it is exported as.
+    pub fn attribute(self) -> &'static str {
+        match self {
+            Fact::Unit => UNIT,
+            Fact::Alias => ALIAS,
+            Fact::InputTokens => INPUT_TOKENS,
+            Fact::OutputTokens => OUTPUT_TOKENS,
+            Fact::CacheWriteTokens => CACHE_WRITE_TOKENS,
+            Fact::CacheReadTokens => CACHE_READ_TOKENS,
+            Fact::CostUsd => COST_USD,
+            Fact::Complete => COMPLETE,
+            Fact::TimeToFirstToken => TIME_TO_FIRST_TOKEN,
+        }
+    }
+
+    /// The filter-state key the filter writes it under, as the proxy-wasm ABI names a
+    /// property it sets (`wasm.` + the property's name); the native build writes the same
+    /// key, so one access log reads both builds.
+    pub fn state_key(self) -> &'static str {
+        match self {
+            Fact::Unit => "wasm.halo_unit",
+            Fact::Alias => "wasm.halo_alias",
+            Fact::InputTokens => "wasm.halo_input_tokens",
+            Fact::OutputTokens => "wasm.halo_output_tokens",
+            Fact::CacheWriteTokens => "wasm.halo_cache_write_tokens",
+            Fact::CacheReadTokens => "wasm.halo_cache_read_tokens",
+            Fact::CostUsd => "wasm.halo_cost_usd",
+            Fact::Complete => "wasm.halo_complete",
+            Fact::TimeToFirstToken => "wasm.halo_ttft",
+        }
+    }
+
+    /// The property name a proxy-wasm module sets for [`Fact::state_key`].
+    pub fn property(self) -> &'static str {
+        self.state_key().trim_start_matches(WASM_STATE_PREFIX)
+    }
+}
+
+/// The prefix Envoy's wasm runtime gives the filter-state key of a property a module sets.
+pub const WASM_STATE_PREFIX: &str = "wasm.";
+
+pub const UNIT: &str = "halo.unit";
+pub const ALIAS: &str = "halo.alias";
+pub const RING: &str = "halo.ring";
+pub const RELEASE: &str = "halo.release";
+pub const EXPERIMENT: &str = "halo.experiment";
+pub const VARIANT: &str = "halo.variant";
+pub const UPSTREAM: &str = "halo.upstream";
+pub const TARGET: &str = "halo.target";
+pub const RESPONSE_MODEL: &str = "gen_ai.response.model";
+pub const ATTEMPTS: &str = "halo.attempts";
+pub const STATUS: &str = "http.response.status_code";
+/// Milliseconds from the request's first byte to the answer's last (Envoy's `DURATION`).
+pub const LATENCY_MS: &str = "halo.gateway.latency_ms";
+pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
+pub const INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+pub const OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+pub const CACHE_WRITE_TOKENS: &str = "gen_ai.usage.cache_creation.input_tokens";
+pub const CACHE_READ_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+pub const COST_USD: &str = "halo.cost_usd";
+pub const COMPLETE: &str = "halo.complete";
+
+/// Every attribute of the record with the Envoy format string that fills it.
+pub fn attributes() -> Vec<(&'static str, String)> {
+    let endpoint = |key: &str| format!("%METADATA(UPSTREAM_HOST:{METADATA_NAMESPACE}:{key})%");
+    let mut out = vec![
+        (RING, "%REQ(x-halo-ring)%".to_string()),
+        (RELEASE, "%REQ(x-halo-release)%".to_string()),
+        (EXPERIMENT, "%REQ(x-halo-experiment)%".to_string()),
+        (VARIANT, "%REQ(x-halo-variant)%".to_string()),
+        (UPSTREAM, endpoint("upstream")),
+        (RESPONSE_MODEL, endpoint("model")),
+        (TARGET, endpoint("target")),
+        (STATUS, "%RESPONSE_CODE%".to_string()),
+        (ATTEMPTS, "%UPSTREAM_REQUEST_ATTEMPT_COUNT%".to_string()),
+        (LATENCY_MS, "%DURATION%".to_string()),
+    ];
+    out.extend(Fact::ALL.iter().map(|f| {
+        (
+            f.attribute(),
+            format!("%FILTER_STATE({}:PLAIN)%", f.state_key()),
+        )
+    }));
+    out
+}
+
+/// The names of every attribute the record carries (what the receiver reads).
+pub const ATTRIBUTES: [&str; 19] = [
+    RING,
+    RELEASE,
+    EXPERIMENT,
+    VARIANT,
+    UPSTREAM,
+    RESPONSE_MODEL,
+    TARGET,
+    STATUS,
+    ATTEMPTS,
+    LATENCY_MS,
+    UNIT,
+    ALIAS,
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    CACHE_WRITE_TOKENS,
+    CACHE_READ_TOKENS,
+    COST_USD,
+    COMPLETE,
+    TIME_TO_FIRST_TOKEN,
+];
+
+/// The cluster of halo-server's gateway receiver (OTLP/gRPC, HTTP/2).
+pub const EVIDENCE_CLUSTER: &str = "halo-evidence";
+
+/// Where the gateway sends its evidence: halo-server's gateway receiver and its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    /// The receiver's URL (`http(s)://host:port`; spec :4319).
+    pub url: String,
+    /// The OTLP gateway token, sent as `authorization: Bearer` gRPC metadata. It is in
+    /// the rendered configuration: Envoy's gRPC metadata has no file or SDS source, so
+    /// the rendered bootstrap is as secret as the token (written owner-only).
+    pub token: String,
+}
+
+/// The OpenTelemetry access logger of the model listener: one record per decided model
+/// call (a request the filter stamped with a ring), batched by Envoy (flushed each
+/// second) over one gRPC stream to [`EVIDENCE_CLUSTER`].
+pub fn access_log(export: &Export) -> Value {
+    let attributes: Vec<Value> = attributes()
+        .into_iter()
+        .map(|(key, format)| json!({"key": key, "value": {"string_value": format}}))
+        .collect();
+    json!({
+        "name": "envoy.access_loggers.open_telemetry",
+        // Only decided calls: the filter stamps x-halo-ring on those (a refusal, a model
+        // list or a health check is not evidence).
+        "filter": {"header_filter": {"header": {
+            "name": "x-halo-ring",
+            "present_match": true,
+        }}},
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig",
+            "log_name": "halo.gateway",
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": EVIDENCE_CLUSTER},
+                "initial_metadata": [{"key": "authorization", "value": format!("Bearer {}", export.token)}],
+            },
+            "buffer_flush_interval": "1s",
+            "disable_builtin_labels": true,
+            "resource_attributes": {"values": [
+                {"key": "service.name", "value": {"string_value": "halo-gateway"}},
+            ]},
+            "body": {"string_value": EVENT_NAME},
+            "attributes": {"values": attributes},
+        },
+    })
+}
+
+/// The receiver's cluster: HTTP/2 (gRPC), TLS when the URL is https.
+pub fn cluster(endpoint: &Endpoint, ca_file: &str) -> Value {
+    let mut c = crate::bootstrap::cluster(EVIDENCE_CLUSTER, endpoint, ca_file);
+    c["typed_extension_protocol_options"] = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        },
+    });
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_attribute_is_rendered_once_and_named_in_the_list() {
+        let rendered: Vec<&str> = attributes().iter().map(|(k, _)| *k).collect();
+        assert_eq!(rendered, ATTRIBUTES);
+        for f in Fact::ALL {
+            assert!(f.state_key().starts_with(WASM_STATE_PREFIX));
+            assert!(!f.property().contains('.'));
+        }
+    }
+
+    #[test]
+    fn the_logger_sends_the_token_as_grpc_metadata_and_logs_only_decided_calls() {
+        let log = access_log(&Export {
+            url: "http://127.0.0.1:4319".into(),
+            token: "t".repeat(32),
+        });
+        let tc = &log["typed_config"];
+        assert_eq!(
+            tc["grpc_service"]["envoy_grpc"]["cluster_name"],
+            EVIDENCE_CLUSTER
+        );
+        assert_eq!(
+            tc["grpc_service"]["initial_metadata"][0]["value"],
+            format!("Bearer {}", "t".repeat(32))
+        );
+        assert_eq!(
+            log["filter"]["header_filter"]["header"]["name"],
+            "x-halo-ring"
+        );
+        let text = log.to_string();
+        assert!(!text.contains("x-halo-user"), "never the subject");
+    }
+}
