@@ -23,6 +23,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
@@ -71,12 +72,15 @@ pub enum Event {
 }
 
 /// The file: the rollout's name, its records, and the last record's hash (so an edit of
-/// the last record is found too).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// the last record is found too). Each record is kept as the exact JSON text it was
+/// written as: the chain hashes those bytes, so it does not depend on a value surviving
+/// a parse and a print unchanged (serde_json's default float parsing may move a float by
+/// one unit in the last place, which once broke every chain holding a gate's mean).
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     rollout: String,
-    records: Vec<Record>,
+    records: Vec<Box<RawValue>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     head: Option<String>,
 }
@@ -187,11 +191,13 @@ impl RolloutState {
 }
 
 /// One rollout's chain, loaded and verified.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Chain {
     path: PathBuf,
     rollout: String,
     records: Vec<Record>,
+    /// Each record's JSON as written (what the hashes cover).
+    written: Vec<Box<RawValue>>,
     /// The hash of the last record.
     head: Option<String>,
     state: RolloutState,
@@ -205,12 +211,12 @@ pub fn path(data_dir: &Path, name: &str) -> Result<PathBuf, ChainError> {
     Ok(data_dir.join(DIR).join(format!("{name}.json")))
 }
 
-/// `sha256:<hex>` of a record as it is written.
-fn hash(rec: &Record) -> String {
-    // A record always serializes (no maps with non-string keys, no non-finite floats
-    // reach JSON: serde_json writes them as null).
-    let bytes = serde_json::to_vec(rec).unwrap_or_default();
-    format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))
+/// `sha256:<hex>` of a record's JSON as written.
+fn hash(written: &RawValue) -> String {
+    format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(written.get().as_bytes()))
+    )
 }
 
 /// Load and verify rollout `name`'s chain; a missing file is an empty chain.
@@ -223,6 +229,7 @@ pub fn load(data_dir: &Path, name: &str) -> Result<Chain, ChainError> {
                 path,
                 rollout: name.to_string(),
                 records: Vec::new(),
+                written: Vec::new(),
                 head: None,
                 state: RolloutState::default(),
             });
@@ -247,7 +254,13 @@ pub fn load(data_dir: &Path, name: &str) -> Result<Chain, ChainError> {
     }
     let mut head: Option<String> = None;
     let mut state = RolloutState::default();
-    for (i, rec) in file.records.iter().enumerate() {
+    let mut records = Vec::with_capacity(file.records.len());
+    for (i, written) in file.records.iter().enumerate() {
+        let rec: Record =
+            serde_json::from_str(written.get()).map_err(|e| ChainError::Malformed {
+                path: path.clone(),
+                message: format!("records[{i}]: {e}"),
+            })?;
         if rec.seq != i as u64 {
             return Err(broken(i, format!("its seq is {}, expected {i}", rec.seq)));
         }
@@ -261,8 +274,9 @@ pub fn load(data_dir: &Path, name: &str) -> Result<Chain, ChainError> {
                 ),
             ));
         }
-        head = Some(hash(rec));
-        state.apply(rec);
+        head = Some(hash(written));
+        state.apply(&rec);
+        records.push(rec);
     }
     if file.head != head {
         let last = file.records.len().saturating_sub(1);
@@ -278,7 +292,8 @@ pub fn load(data_dir: &Path, name: &str) -> Result<Chain, ChainError> {
     Ok(Chain {
         path,
         rollout: file.rollout,
-        records: file.records,
+        records,
+        written: file.records,
         head,
         state,
     })
@@ -307,12 +322,19 @@ impl Chain {
             prev: self.head.clone(),
             event,
         };
-        let head = hash(&rec);
-        let mut records = self.records.clone();
-        records.push(rec.clone());
+        // A record always serializes: no maps with non-string keys, and serde_json
+        // writes a non-finite float as null.
+        let text = serde_json::to_string(&rec).unwrap_or_default();
+        let written = RawValue::from_string(text).map_err(|e| ChainError::Malformed {
+            path: self.path.clone(),
+            message: format!("record {}: {e}", rec.seq),
+        })?;
+        let head = hash(&written);
+        let mut all = self.written.clone();
+        all.push(written);
         let file = File {
             rollout: self.rollout.clone(),
-            records,
+            records: all,
             head: Some(head.clone()),
         };
         let mut bytes = serde_json::to_vec_pretty(&file).unwrap_or_default();
@@ -326,7 +348,8 @@ impl Chain {
         halo_fsutil::write_atomic(&self.path, &bytes, 0o600)?;
         self.head = Some(head);
         self.state.apply(&rec);
-        self.records = file.records;
+        self.records.push(rec);
+        self.written = file.records;
         Ok(())
     }
 }

@@ -302,21 +302,37 @@ fn the_chain_survives_a_restart_with_its_bake_clock_and_actions() {
     assert_eq!(chain.state().decided(1), None);
 }
 
-/// Edit the file as JSON and expect `load` to refuse it as a broken chain.
-fn tamper(edit: impl FnOnce(&mut serde_json::Value)) -> ChainError {
+/// Edit the file's records as the JSON text they were written as (the others keep
+/// their bytes) and expect `load` to refuse it.
+fn tamper(edit: impl FnOnce(&mut Vec<String>)) -> ChainError {
     let data = tempfile::tempdir().unwrap();
     written(data.path());
     let path = file(data.path());
-    let mut doc: serde_json::Value =
+    let mut doc: serde_json::Map<String, serde_json::Value> =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut doc);
-    std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    #[derive(serde::Deserialize)]
+    struct Raw {
+        records: Vec<Box<serde_json::value::RawValue>>,
+    }
+    let raw: Raw = serde_json::from_str(&text).unwrap();
+    let mut records: Vec<String> = raw.records.iter().map(|r| r.get().to_string()).collect();
+    edit(&mut records);
+    doc.remove("records");
+    let head = doc.get("head").cloned().unwrap_or_default();
+    let file = format!(
+        "{{\"rollout\": {}, \"records\": [{}], \"head\": {}}}",
+        doc["rollout"],
+        records.join(","),
+        head
+    );
+    std::fs::write(&path, file).unwrap();
     rollout_state::load(data.path(), "sonnet-bedrock").unwrap_err()
 }
 
 #[test]
 fn an_edited_record_is_refused() {
-    let err = tamper(|d| d["records"][1]["event"]["evaluation"]["action"]["move"] = "pause".into());
+    let err = tamper(|r| r[1] = r[1].replace("\"move\":\"rollback\"", "\"move\":\"pause\""));
     assert!(matches!(err, ChainError::Broken { seq: 2, .. }), "{err}");
     assert!(
         err.to_string().contains("held until the file is repaired"),
@@ -326,17 +342,17 @@ fn an_edited_record_is_refused() {
 
 #[test]
 fn an_edited_last_record_is_refused() {
-    let err = tamper(|d| d["records"][3]["event"]["url"] = "https://evil.invalid/pr/2".into());
+    let err = tamper(|r| r[3] = r[3].replace("example.invalid", "evil.invalid"));
     assert!(matches!(err, ChainError::Broken { seq: 3, .. }), "{err}");
 }
 
 #[test]
 fn a_record_removed_from_the_middle_or_reordered_is_refused() {
-    let err = tamper(|d| {
-        d["records"].as_array_mut().unwrap().remove(1);
+    let err = tamper(|r| {
+        r.remove(1);
     });
     assert!(matches!(err, ChainError::Broken { seq: 1, .. }), "{err}");
-    let err = tamper(|d| d["records"].as_array_mut().unwrap().swap(1, 2));
+    let err = tamper(|r| r.swap(1, 2));
     assert!(matches!(err, ChainError::Broken { seq: 1, .. }), "{err}");
 }
 
@@ -351,7 +367,7 @@ fn a_cut_file_or_an_unknown_field_is_refused_by_name() {
     assert!(matches!(err, ChainError::Malformed { .. }), "{err}");
     assert!(err.to_string().contains("sonnet-bedrock.json"), "{err}");
 
-    let err = tamper(|d| d["records"][0]["extra"] = 1.into());
+    let err = tamper(|r| r[0] = r[0].replacen('{', "{\"extra\":1,", 1));
     assert!(matches!(err, ChainError::Malformed { .. }), "{err}");
     assert!(err.to_string().contains("records[0]"), "{err}");
 }
@@ -587,4 +603,78 @@ async fn a_tampered_state_file_is_refused_reported_and_nothing_is_done() {
     assert_eq!(rig.kills.calls.load(Ordering::SeqCst), 0);
     assert!(rig.repo.gh_calls().is_empty());
     assert!(rig.receiver.messages().is_empty());
+}
+
+/// The client rollout (harness-upgrade, carried by engineering-next-canary to devices
+/// through halod's variant channels): its gates read CLI evidence, which may roll back
+/// but never kill; passing gates advance it like a traffic rollout.
+#[tokio::test]
+async fn a_client_rollout_advances_on_cli_evidence_and_rolls_back_without_a_kill() {
+    const CLIENT: &str = "harness-upgrade";
+    const CRASHES: &str = "halo.client.crash_rate";
+    let rig = Rig::new().await;
+    rig.repo.edit(
+        "rollouts/harness-upgrade.yaml",
+        "\nstatus: pending",
+        "\nstatus: running",
+    );
+    {
+        let mut g = rig.served.0.lock().unwrap();
+        let mut org = (**g).clone();
+        org.rollouts.get_mut(CLIENT).unwrap().status = halo_policy::types::RolloutStatus::Running;
+        let exp = org.experiments.get_mut("engineering-next-canary").unwrap();
+        exp.stopping.as_mut().unwrap().min_samples = Some(40);
+        *g = std::sync::Arc::new(org);
+    }
+    let crashes = |rate: f64| {
+        samples(&["control", "next"], 50, Source::Cli, |v, _| {
+            if v == "next" { rate } else { 0.0 }
+        })
+    };
+    rig.evidence
+        .set("engineering-next-canary", CRASHES, crashes(0.001));
+    let c = rig.controller(true);
+    tick_at(&c, T0).await.unwrap();
+    assert_eq!(c.status().rollouts[CLIENT].state, "evaluated");
+    tick_at(&c, T0 + Duration::minutes(31)).await.unwrap();
+    let r = c.status().rollouts[CLIENT].clone();
+    assert_eq!(r.action.unwrap().evaluation.action, Move::Advance { to: 1 });
+    let file = rig.repo.remote_file(
+        "halo-controller/rollout-harness-upgrade/step-0-advance",
+        "rollouts/harness-upgrade.yaml",
+    );
+    assert!(file.contains("\nstep: 1"), "{file}");
+
+    // Step 1 (the whole canary ring): crashes rise past 0.5%, CLI evidence: rollback,
+    // a PR, no kill.
+    {
+        let mut g = rig.served.0.lock().unwrap();
+        let mut org = (**g).clone();
+        org.rollouts.get_mut(CLIENT).unwrap().step = 1;
+        *g = std::sync::Arc::new(org);
+    }
+    rig.repo
+        .edit("rollouts/harness-upgrade.yaml", "\nstep: 0", "\nstep: 1");
+    rig.evidence
+        .set("engineering-next-canary", CRASHES, crashes(0.02));
+    tick_at(&c, T0 + Duration::hours(1)).await.unwrap();
+    let r = c.status().rollouts[CLIENT].clone();
+    assert_eq!(r.state, "halted", "{r:?}");
+    let action = r.action.unwrap();
+    assert_eq!(action.evaluation.action, Move::Rollback);
+    assert_eq!(
+        action.kill_outcome, None,
+        "a client rollout never trips the kill switch"
+    );
+    assert_eq!(rig.kills.calls.load(Ordering::SeqCst), 0);
+    let file = rig.repo.remote_file(
+        "halo-controller/rollout-harness-upgrade/step-1-rollback",
+        "rollouts/harness-upgrade.yaml",
+    );
+    assert!(file.contains("\nstatus: rolled-back"), "{file}");
+    let pr = rig.repo.gh_calls().last().unwrap().1.clone();
+    assert!(
+        pr.contains("sha256:d063e13db7422cccb7334868ec42c9870ba7402f27871756848231c8619daed3"),
+        "the PR names the baseline release: {pr}"
+    );
 }
