@@ -961,6 +961,29 @@ async fn controller_status(
     Ok(Json(controller.status()))
 }
 
+/// What halo-server knows of one rollout beside its document: the controller's last
+/// report and its state file's chain verified now (both none without a controller). The
+/// API and the console show the same.
+pub(crate) struct RolloutView {
+    pub report: Option<halo_controller::drive::RolloutReport>,
+    pub chain: Option<Result<halo_controller::rollout_state::Chain, String>>,
+}
+
+pub(crate) fn rollout_view(state: &AppState, name: &str) -> RolloutView {
+    match &state.controller {
+        None => RolloutView {
+            report: None,
+            chain: None,
+        },
+        Some(c) => RolloutView {
+            report: c.status().rollouts.get(name).cloned(),
+            chain: Some(
+                halo_controller::rollout_state::load(c.data_dir(), name).map_err(|e| e.to_string()),
+            ),
+        },
+    }
+}
+
 /// One rollout: its document as served now (steps, gates and bounds, current step), the
 /// controller's last evaluation of it (gate values, bake left, the move decided at this
 /// step and its actions) and its state file's hash chain, verified now. For `halo rollout
@@ -980,22 +1003,17 @@ async fn rollout_status(
         )
         .with(json!({"target": "rollout", "name": name})));
     };
-    let (report, chain) = match &state.controller {
-        None => (None, None),
-        Some(c) => {
-            let report = c.status().rollouts.get(&name).cloned();
-            let chain = match halo_controller::rollout_state::load(c.data_dir(), &name) {
-                Ok(chain) => json!({
-                    "verified": true,
-                    "records": chain.records().len(),
-                    "head": chain.head(),
-                    "state": chain.state(),
-                }),
-                Err(e) => json!({"verified": false, "error": e.to_string()}),
-            };
-            (report, Some(chain))
-        }
-    };
+    let view = rollout_view(&state, &name);
+    let chain = view.chain.map(|c| match c {
+        Ok(chain) => json!({
+            "verified": true,
+            "records": chain.records().len(),
+            "head": chain.head(),
+            "state": chain.state(),
+        }),
+        Err(e) => json!({"verified": false, "error": e}),
+    });
+    let report = view.report;
     Ok(Json(json!({
         "rollout": rollout,
         "controller": report,

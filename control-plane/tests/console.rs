@@ -199,8 +199,26 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
         "sub": "u-alice", "email": "alice@acme.com", "email_verified": true,
         "groups": ["engineering", "halos-admins"],
     }));
-    let server = serve(&env.settings()).await;
+    // The controller runs (it needs an evidence receiver), so the rollout page has a
+    // tick to show; the example's session-metric experiments are paused (their evidence
+    // is not the gateway store's).
+    env.pause_experiments(&["claude-opus-default", "gpt-shadow"]);
+    std::fs::write(
+        env.path("otlp-gateway.token"),
+        "9b8e7d1c2a3f40516e7d8c9b0a1f2e3d4c5b6a79808f7e6d5c4b3a2910f8e7d6",
+    )
+    .unwrap();
+    let mut settings = env.settings();
+    settings.evidence.gateway_listen = Some("127.0.0.1:0".parse().unwrap());
+    settings.evidence.gateway_token_file = Some(env.path("otlp-gateway.token"));
+    settings.controller.enabled = true;
+    let server = serve(&settings).await;
     let base = server.base.clone();
+    let controller = server.running.as_ref().unwrap().controller.clone().unwrap();
+    controller
+        .tick_within_budget(time::OffsetDateTime::now_utc())
+        .await
+        .expect("the tick succeeds");
     let d = driver().await;
     let c = browser(&d).await;
 
@@ -281,6 +299,25 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     );
     check_accessible(&c).await;
     shot(&c, "audit").await;
+
+    // The traffic rollout, from the overview's link: its steps, the last tick's gates
+    // against their bounds and the bake left, the state file's chain verified.
+    c.goto(&format!("{base}/console")).await.unwrap();
+    c.find(Locator::LinkText("sonnet-bedrock"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let text = wait_text(&c, "Hash chain verified").await;
+    assert_eq!(h1(&c).await, "Rollout sonnet-bedrock");
+    assert!(text.contains("at step 1 of 4"), "{text}");
+    assert!(text.contains("1 (current)"), "{text}");
+    assert!(text.contains("halo.api.error_rate at most 0.02"), "{text}");
+    assert!(text.contains("State evaluated: step 1 bakes for"), "{text}");
+    assert!(text.contains("no_evidence"), "no records yet: {text}");
+    check_accessible(&c).await;
+    shot(&c, "rollout").await;
 
     c.goto(&format!("{base}/console/fleet")).await.unwrap();
     assert_eq!(h1(&c).await, "Fleet");

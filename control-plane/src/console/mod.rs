@@ -75,6 +75,7 @@ pub fn router(app: Shared, key: Key, url: Option<String>, xds: Option<Arc<XdsHos
         .route("/console/logout", post(logout))
         .route("/console/logged-out", get(logged_out))
         .route("/console/experiments/{name}", get(experiment))
+        .route("/console/rollouts/{name}", get(rollout))
         .route("/console/experiments/{name}/kill", post(kill))
         .route("/console/experiments/{name}/unkill", post(unkill))
         .route("/console/audit", get(audit))
@@ -531,6 +532,18 @@ async fn overview(State(console): State<Console>, s: Session) -> Response {
     let mut rings: Vec<_> = org.rings.values().collect();
     rings.sort_by_key(|r| r.order);
     let nodes = console.xds.as_ref().map(|x| x.cache.status());
+    let rollout_states: HashMap<String, String> = console
+        .app
+        .controller
+        .as_ref()
+        .map(|c| {
+            c.status()
+                .rollouts
+                .into_iter()
+                .map(|(name, r)| (name, r.state))
+                .collect()
+        })
+        .unwrap_or_default();
     let body = html! {
         p { "Policy " code { (org.root.org) } ", version " code { (policy.version) } "." }
         section aria-labelledby="caps" {
@@ -565,6 +578,24 @@ async fn overview(State(console): State<Console>, s: Session) -> Response {
                             td { (word(&e.status)) }
                             td { (e.rings.join(", ")) }
                             td { (killed_cell(is_killed(Target::Experiment, &e.name))) }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="rollouts" {
+            h2 #rollouts { "Rollouts" }
+            table {
+                thead { tr { th scope="col" { "Rollout" } th scope="col" { "Axis" } th scope="col" { "Status" } th scope="col" { "Step" } th scope="col" { "Experiment" } th scope="col" { "Last tick" } } }
+                tbody {
+                    @for r in org.rollouts.values() {
+                        tr {
+                            td { a href={ "/console/rollouts/" (r.name) } { (r.name) } }
+                            td { (word(&r.axis)) }
+                            td { (word(&r.status)) }
+                            td { (r.step) " of " (r.steps.len()) }
+                            td { a href={ "/console/experiments/" (r.experiment) } { (r.experiment) } }
+                            td { (rollout_states.get(&r.name).map_or("-", String::as_str)) }
                         }
                     }
                 }
@@ -746,6 +777,99 @@ async fn experiment(
     html_answer(
         StatusCode::OK,
         page(&format!("Experiment {name}"), Some(&viewer), body),
+    )
+}
+
+/// A rollout: its steps with their gates and bounds, the current step, the controller's
+/// last evaluation (each gate's value against its bound, the bake left), the move decided
+/// at this step with its actions, and whether its state file's hash chain verifies: the
+/// same facts as `GET /api/v1/rollouts/{name}` (`api::rollout_view`).
+async fn rollout(State(console): State<Console>, s: Session, Path(name): Path<String>) -> Response {
+    let policy = console.app.policy();
+    let Some(r) = policy.org.rollouts.get(&name) else {
+        return problem_answer(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            &format!("the served policy has no rollout named {name:?}"),
+        );
+    };
+    let view = crate::api::rollout_view(&console.app, &name);
+    let report = view.report.as_ref();
+    let evaluation = report.and_then(|rep| {
+        rep.evaluation
+            .as_ref()
+            .or(rep.action.as_ref().map(|a| &a.evaluation))
+    });
+    let bound = |min: Option<f64>, max: Option<f64>| match (min, max) {
+        (Some(min), Some(max)) => format!("between {min} and {max}"),
+        (Some(min), None) => format!("at least {min}"),
+        (None, Some(max)) => format!("at most {max}"),
+        (None, None) => "-".to_string(),
+    };
+    let viewer = Viewer {
+        user: &s.user,
+        csrf: &s.csrf,
+    };
+    let body = html! {
+        p { (word(&r.axis)) " rollout, " strong { (word(&r.status)) } ", at step " (r.step) " of " (r.steps.len()) ", carried by experiment " a href={ "/console/experiments/" (r.experiment) } { (r.experiment) } "." }
+        section aria-labelledby="state" {
+            h2 #state { "State file" }
+            @match &view.chain {
+                None => p.notice { "Not read: this halo-server runs no controller (--controller)." },
+                Some(Ok(chain)) => p.ok role="status" { "Hash chain verified: " (chain.records().len()) " record(s), head " code { (chain.head().unwrap_or("none")) } "." },
+                Some(Err(e)) => p.killed role="status" { "Refused, the rollout is held: " (e) },
+            }
+        }
+        section aria-labelledby="steps" {
+            h2 #steps { "Steps" }
+            table {
+                thead { tr { th scope="col" { "Step" } th scope="col" { "Ring" } th scope="col" { "Percent" } th scope="col" { "Bake" } th scope="col" { "Gates" } th scope="col" { "On failure" } } }
+                tbody {
+                    @for (i, step) in r.steps.iter().enumerate() {
+                        tr {
+                            td { (i) @if i as u32 == r.step { " (current)" } }
+                            td { (step.ring) }
+                            td { (step.percent.map_or("-".to_string(), |p| format!("{p}%"))) }
+                            td { (step.bake) }
+                            td { (step.gates.iter().map(|g| format!("{} {}", g.metric, bound(g.min, g.max))).collect::<Vec<_>>().join("; ")) }
+                            td { (word(&step.on_failure)) }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="tick" {
+            h2 #tick { "Last evaluation" }
+            @match (report, evaluation) {
+                (Some(rep), Some(e)) => {
+                    p { "State " strong { (rep.state) } ": " (e.reason) "." }
+                    table {
+                        thead { tr { th scope="col" { "Gate" } th scope="col" { "Bound" } th scope="col" { "Value" } th scope="col" { "Units" } th scope="col" { "State" } th scope="col" { "Evidence" } } }
+                        tbody {
+                            @for g in &e.gates {
+                                tr {
+                                    td { (g.metric) }
+                                    td { (bound(g.min, g.max)) }
+                                    td { (g.value.map_or("-".to_string(), |v| format!("{v:.4}"))) }
+                                    td { (g.n) }
+                                    td { (word(&g.state)) }
+                                    td { (g.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")) }
+                                }
+                            }
+                        }
+                    }
+                    @if let Some(a) = &rep.action {
+                        p { "Decided at step " (a.step) ": " strong { (a.evaluation.action.as_str()) } "; kill " (a.kill_outcome.map_or("-", |k| k.as_str())) "; pull request " (a.pull_request.as_deref().unwrap_or("not yet")) "; notified " (if a.notified { "yes" } else { "not yet" }) "." }
+                    }
+                }
+                (Some(rep), None) => p { "State " strong { (rep.state) } ": " (rep.error.as_deref().unwrap_or("")) },
+                _ => p { "Not evaluated yet." },
+            }
+        }
+    };
+    html_answer(
+        StatusCode::OK,
+        page(&format!("Rollout {name}"), Some(&viewer), body),
     )
 }
 
