@@ -239,8 +239,12 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
         .click()
         .await
         .unwrap();
-    wait_text(&c, "Why kill").await;
+    let text = wait_text(&c, "Why kill").await;
     assert_eq!(h1(&c).await, format!("Experiment {EXPERIMENT}"));
+    assert!(
+        text.contains("Driven by its rollout: sonnet-bedrock"),
+        "the controller's view of a rollout-owned experiment: {text}"
+    );
     check_accessible(&c).await;
     shot(&c, "experiment").await;
     let reason = "treatment p95 doubled since 14:05; paging the provider";

@@ -720,6 +720,11 @@ async fn experiment(
         }
     };
     let total: u32 = e.variants.iter().map(|v| v.weight).sum();
+    let report = console
+        .app
+        .controller
+        .as_ref()
+        .and_then(|c| c.status().experiments.get(&name).cloned());
     let viewer = Viewer {
         user: &s.user,
         csrf: &s.csrf,
@@ -742,6 +747,31 @@ async fn experiment(
                                 }
                                 @if let Some(p) = &v.profile { "profile " (p) }
                             }
+                        }
+                    }
+                }
+            }
+        }
+        section aria-labelledby="controller" {
+            h2 #controller { "Controller" }
+            @match (&console.app.controller, &report) {
+                (None, _) => p.notice { "This halo-server runs no controller (--controller)." },
+                (Some(_), None) => p { "Not evaluated yet (the controller evaluates running experiments at each tick)." },
+                (Some(_), Some(rep)) => {
+                    @if rep.state == "rollout" {
+                        p { "Driven by its rollout: " @for r in policy.org.rollouts.values().filter(|r| r.experiment == name) { a href={ "/console/rollouts/" (r.name) } { (r.name) } " " } }
+                    } @else {
+                        p {
+                            "Run " (rep.run) ", " strong { (rep.state) }
+                            @if let Some(v) = rep.verdict.as_ref().or(rep.action.as_ref().map(|a| &a.verdict)) { ": " strong { (v.decision.as_str()) } ", " (v.reason) }
+                            @if let Some(e) = &rep.error { ": " (e) }
+                            "."
+                        }
+                        @if let Some(a) = &rep.action {
+                            p { "Action: " (a.decision.as_str()) "; kill " (a.kill_outcome.map_or("-", |k| k.as_str())) "; pull request " (a.pull_request.as_deref().unwrap_or("not yet")) "; notified " (if a.notified { "yes" } else { "not yet" }) "." }
+                        }
+                        @if let Some(v) = rep.verdict.as_ref().or(rep.action.as_ref().map(|a| &a.verdict)) {
+                            @if !v.table.is_empty() { (pages::evidence_table(&v.table)) }
                         }
                     }
                 }

@@ -83,3 +83,105 @@ pub fn killed_cell(killed: bool) -> Markup {
         @if killed { span.killed { "killed" } } @else { span.ok { "live" } }
     }
 }
+
+/// The controller's evidence table for one experiment, each treatment arm's always-valid
+/// interval of treatment - control drawn against zero (one scale per metric, so arms
+/// of a metric compare by eye). Control rows and arms below the sample floor have no
+/// interval and show only their mean.
+pub fn evidence_table(rows: &[halo_controller::decide::Row]) -> Markup {
+    // Half the drawing's width covers the largest |bound| of the metric.
+    let scale = |metric: &str| {
+        rows.iter()
+            .filter(|r| r.metric == metric)
+            .filter_map(|r| r.interval)
+            .map(|iv| iv.low.abs().max(iv.high.abs()))
+            .fold(0.0_f64, f64::max)
+    };
+    html! {
+        table {
+            thead { tr { th scope="col" { "Metric" } th scope="col" { "Variant" } th scope="col" { "Units" } th scope="col" { "Mean" } th scope="col" { "Treatment - control (always valid)" } th scope="col" { "Verdict" } } }
+            tbody {
+                @for r in rows {
+                    tr {
+                        td { (r.metric) }
+                        td { (r.variant) }
+                        td { (r.n) }
+                        td { (format!("{:.4}", r.estimate)) }
+                        td {
+                            @if let Some(iv) = r.interval {
+                                (interval_svg(iv.low, iv.estimate, iv.high, scale(&r.metric)))
+                                " " (format!("{:+.4} [{:+.4}, {:+.4}]", iv.estimate, iv.low, iv.high))
+                            } @else { "-" }
+                        }
+                        td { (r.verdict) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One interval as a small SVG: the zero line, the interval, the estimate.
+fn interval_svg(low: f64, estimate: f64, high: f64, scale: f64) -> Markup {
+    let x = |v: f64| {
+        let s = if scale > 0.0 && scale.is_finite() {
+            scale
+        } else {
+            1.0
+        };
+        (100.0 + (v / s).clamp(-1.0, 1.0) * 95.0).clamp(0.0, 200.0)
+    };
+    let label = format!("from {low:+.4} to {high:+.4}, estimate {estimate:+.4}");
+    html! {
+        svg width="200" height="16" viewBox="0 0 200 16" role="img" aria-label=(label) {
+            line x1="100" y1="0" x2="100" y2="16" stroke="#8c959f" {}
+            line.interval x1=(format!("{:.1}", x(low))) y1="8" x2=(format!("{:.1}", x(high))) y2="8" stroke="#0b3d5c" stroke-width="3" {}
+            circle cx=(format!("{:.1}", x(estimate))) cy="8" r="4" fill="#0b3d5c" {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use halo_controller::decide::{Role, Row};
+    use halo_controller::stats::Interval;
+
+    fn row(variant: &str, interval: Option<Interval>) -> Row {
+        Row {
+            metric: "halo.api.error_rate".into(),
+            role: Role::Guardrail,
+            variant: variant.into(),
+            n: 400,
+            estimate: 0.3,
+            interval,
+            verdict: "breached".into(),
+        }
+    }
+
+    #[test]
+    fn each_interval_is_drawn_against_zero_on_its_metrics_scale() {
+        let rows = [
+            row("control", None),
+            row(
+                "canary",
+                Some(Interval {
+                    estimate: 0.28,
+                    low: 0.2,
+                    high: 0.4,
+                }),
+            ),
+        ];
+        let html = evidence_table(&rows).into_string();
+        // The widest bound (0.4) spans the half width: 0.2 -> 147.5, 0.4 -> 195.
+        assert!(html.contains(r#"x1="147.5" y1="8" x2="195.0""#), "{html}");
+        assert!(html.contains(r#"cx="166.5""#), "{html}");
+        assert!(
+            html.contains("from +0.2000 to +0.4000, estimate +0.2800"),
+            "{html}"
+        );
+        // Control has no interval: one drawing only.
+        assert_eq!(html.matches("<svg").count(), 1, "{html}");
+        assert!(html.contains("+0.2800 [+0.2000, +0.4000]"), "{html}");
+    }
+}
