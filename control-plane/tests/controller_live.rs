@@ -3,7 +3,8 @@
 //! back. On gateway evidence the kill is tripped (served by this server), the pause PR
 //! is pushed to a bare repo and a signed webhook arrives; on CLI evidence the PR and the
 //! webhook come but no kill. Ticks are driven by the test (the loop's interval is at
-//! least a minute); the loop runs too, and the action still happens once.
+//! least a minute); the loop runs too, and the action still happens once. And a restart
+//! mid-bake: the example's traffic rollout keeps the bake it started before.
 
 mod support;
 
@@ -265,5 +266,59 @@ async fn cli_evidence_of_a_breach_opens_the_pr_without_a_kill() {
     let msgs = hook.lock().unwrap().clone();
     assert_eq!(msgs.len(), 1, "{msgs:?}");
     assert_eq!(msgs[0]["killOutcome"], "not_gateway_evidence");
+    server.stop().await;
+}
+
+/// A halo-server restart mid-bake resumes the rollout's bake where it was: the step's
+/// start is the state file's, not the new process's (#23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_bake_resumes_the_rollouts_bake() {
+    let env = Env::new().await;
+    env.pause_experiments(&["claude-opus-default", "gpt-shadow"]);
+    std::fs::write(env.path("otlp-gateway.token"), OTLP_GATEWAY_TOKEN).unwrap();
+    let mut settings = env.settings();
+    settings.evidence.gateway_listen = Some("127.0.0.1:0".parse().unwrap());
+    settings.evidence.gateway_token_file = Some(env.path("otlp-gateway.token"));
+    settings.controller.enabled = true;
+    let rollout = |server: &Server| {
+        let server = server.base.clone();
+        let token = env.admin_token();
+        async move {
+            let r = reqwest::Client::new()
+                .get(format!("{server}/api/v1/rollouts/sonnet-bedrock"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+
+    let server = serve(&settings).await;
+    tick(&server).await;
+    let first = rollout(&server).await;
+    let started = first["chain"]["state"]["stepStarted"].clone();
+    assert!(started.is_string(), "{first}");
+    assert_eq!(first["controller"]["state"], "evaluated", "{first}");
+    server.stop().await;
+
+    let server = serve(&settings).await;
+    tick(&server).await;
+    let second = rollout(&server).await;
+    assert_eq!(
+        second["chain"]["state"]["stepStarted"], started,
+        "the bake runs from the first start: {second}"
+    );
+    assert_eq!(
+        second["chain"]["records"], 1,
+        "no second step_started: {second}"
+    );
+    let left = |v: &serde_json::Value| {
+        v["controller"]["evaluation"]["bakeLeftSeconds"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(left(&second) <= left(&first), "{first} then {second}");
     server.stop().await;
 }
