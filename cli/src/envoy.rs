@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use halo_envoy_config::bootstrap::{Standalone, standalone_yaml};
+use halo_envoy_config::plan::GatewaySettings;
 use halo_fsutil::write_atomic;
 use halo_policy::compile;
 use serde_json::{Map, Value, json};
@@ -215,11 +216,6 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         secret = true;
     }
     let settings = Value::Object(settings);
-    // Policy credentials the bootstrap cannot use (a key for a host that may not get one,
-    // a bedrock host outside AWS and signHosts...): said now, and in the file's header.
-    warnings.extend(halo_envoy_config::bootstrap::credential_warnings(
-        &snapshot, &settings,
-    ));
     let upstream_ca_file = match &args.upstream_ca_file {
         Some(f) => f.display().to_string(),
         None => match halo_envoy_config::tls::system_ca_bundle() {
@@ -234,18 +230,30 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
             }
         },
     };
-    let opts = Standalone {
+    let gateway = GatewaySettings {
         upstream_ca_file,
         listen_address,
         listen_port,
-        admin_address,
-        admin_port,
         wasm_path: args.wasm.clone(),
         jwks_uri: args.jwks_uri.clone(),
-        settings,
         killswitch_url: args.killswitch_url.clone(),
+        ..GatewaySettings::default()
+    }
+    .with_filter_settings(settings)
+    .context("the gateway settings")?;
+    let opts = Standalone {
+        gateway,
+        admin_address,
+        admin_port,
         secrets_dir: args.secrets_dir.as_ref().map(|d| d.display().to_string()),
     };
+    // Policy credentials the bootstrap cannot use (a key for a host that may not get one,
+    // a bedrock host outside AWS and signHosts...): said now, and in the file's header.
+    warnings.extend(
+        opts.plan(&snapshot)
+            .context("planning the gateway")?
+            .warnings,
+    );
     if let Some(dir) = &args.secrets_dir {
         if !dir.is_absolute() {
             return Err(Failure::Error(anyhow::anyhow!(

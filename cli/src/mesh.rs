@@ -117,6 +117,10 @@ pub struct IstioArgs {
     /// Istio's WasmPlugin exposes allow_on_headers_stop_iteration).
     #[arg(long, value_enum, default_value = "envoy-filter")]
     delivery: DeliveryArg,
+    /// A Secret in the gateway's namespace holding the private CA (`ca.crt`) that signed
+    /// the https upstreams' certificates; default: the proxy's system CA bundle.
+    #[arg(long, value_name = "SECRET")]
+    upstream_ca_credential: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -160,6 +164,7 @@ pub fn run_istio(command: IstioCommand) -> Result<(), Failure> {
             DeliveryArg::WasmPlugin => Delivery::WasmPlugin,
         },
         kill_switch: kill_switch(&args.common)?,
+        upstream_ca_credential: args.upstream_ca_credential.clone(),
     };
     let docs = istio::render(&snap, &opts).context("rendering the Istio manifests")?;
     let warning = (opts.delivery == Delivery::WasmPlugin).then_some(istio::WASM_PLUGIN_WARNING);

@@ -1,430 +1,187 @@
-//! The standalone bootstrap: one Envoy, static resources, no control plane.
+//! The standalone bootstrap: one Envoy, static resources, no control plane. An emitter of
+//! the gateway [`Plan`] (crate::plan), as halo-xds's `envoy` module is for xDS: it prints
+//! the plan's decisions as Envoy JSON and decides nothing itself.
 //!
 //! Listener -> HTTP connection manager -> jwt_authn (when the policy names an issuer) ->
-//! the halo wasm filter (fails closed) -> router. The one route sends every request to the
+//! the halo filter (fails closed) -> router. The one route sends every request to the
 //! cluster named by the filter's route header (see [`crate::names`]). Clusters: one per
-//! policy upstream, the issuer's JWKS, the kill-list server.
+//! target, one aggregate per route and first pick, the issuer's JWKS, the kill-list server.
+//!
+//! Also here: the Envoy JSON of the filters both emitters use (jwt_authn, the halo filter
+//! in either build, the per-attempt stage); halo-xds sends them as `TypedStruct`.
 //!
 //! [`standalone`] is pure: the caller reads files and passes their contents.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use halo_policy::Snapshot;
-use halo_policy::cluster_names;
-use halo_policy::cluster_names::EndpointFacts;
 use serde_json::{Value, json};
 
-use crate::credentials::{
-    self, AttemptTarget, Hosts, SecretDelivery, SettingsError, TargetCredential,
-};
+use halo_policy::Snapshot;
+
+use crate::credentials::{self, AttemptTarget, SecretDelivery};
 use crate::names;
+use crate::plan::{
+    self, AggregatePlan, BY_ROUTE_HEADER, FilterPlan, GatewaySettings, Plan, PlanError, RoutePlan,
+    SERVICE_CONNECT_TIMEOUT_SECONDS, ServicePlan, TargetPlan,
+};
 use crate::tls::UpstreamTls;
 
-/// Default request body bound of model calls (the filter's default too).
-pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
-
-/// The listener's `per_connection_buffer_limit_bytes` for the filter `settings`: room for
-/// a whole model call plus 1 MiB, so the filter, which holds the body to decide, answers
-/// its JSON 413 `request_too_large` above `maxBodyBytes` before Envoy's own (plain-text)
-/// limit is reached. Envoy's default (1 MiB) refused long conversations. The router's
-/// retry buffer takes the same limit, so a large body can still fail over.
-pub fn listener_buffer_limit(settings: &Value) -> u32 {
-    let max_body = settings
-        .get("maxBodyBytes")
-        .and_then(Value::as_u64)
-        .unwrap_or(DEFAULT_MAX_BODY_BYTES);
-    u32::try_from(max_body.saturating_add(1024 * 1024)).unwrap_or(u32::MAX)
-}
-
-/// What the standalone bootstrap is rendered from, besides the snapshot.
+/// What the standalone bootstrap is rendered from, besides the snapshot: the gateway
+/// settings (both modes' one settings type; `halo envoy bootstrap`'s flags fill it) and
+/// what only a bootstrap has.
 #[derive(Debug, Clone)]
 pub struct Standalone {
-    /// Listener address and port.
-    pub listen_address: String,
-    pub listen_port: u16,
+    pub gateway: GatewaySettings,
     /// Admin address and port (stats, /ready). Keep it on loopback.
     pub admin_address: String,
     pub admin_port: u16,
-    /// The filter module as Envoy will see it: halo_filter.wasm, or the native build
-    /// libhalo_filter_native.so (rendered as a dynamic module; see [`halo_filter`]).
-    pub wasm_path: String,
-    /// The issuer's JWKS URL; default `<issuer>/.well-known/jwks.json`.
-    pub jwks_uri: Option<String>,
-    /// The filter's `settings` object (identity, forwardAuth, maxBodyBytes, killSwitch...),
-    /// passed through; `killSwitch.cluster` is filled in when a kill-list URL is given.
-    pub settings: Value,
-    /// The kill-list URL (halo-server's GET /api/v1/gateway/killswitch).
-    pub killswitch_url: Option<String>,
     /// Where the SDS file of each provider key lives, as Envoy sees it
     /// ([`standalone_secret_files`] gives their contents): a rotated key file is then used
     /// without a restart. `None`: static secrets, read once when Envoy starts.
     pub secrets_dir: Option<String>,
-    /// The CA bundle every https cluster verifies its server against (PEM, as Envoy sees
-    /// it): the system's ([`crate::tls::system_ca_bundle`]) or a private CA's.
-    pub upstream_ca_file: String,
 }
 
-/// Why a bootstrap cannot be rendered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RenderError {
-    #[error("{what}: {url:?} is not an http(s) URL with a host")]
-    BadUrl { what: String, url: String },
-    #[error("settings must be a JSON object")]
-    Settings,
-    #[error(transparent)]
-    Credentials(#[from] SettingsError),
-}
-
-/// A parsed http(s) URL: what a cluster needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-    pub path: String,
-}
-
-/// Parse `url` (http or https, any case; host, optional port and path) with the
-/// workspace's one URL parser, [`halo_policy::validate::parse_http_url`]; user info is
-/// refused (Envoy would send it nowhere).
-pub fn endpoint(what: &str, url: &str) -> Result<Endpoint, RenderError> {
-    let bad = || RenderError::BadUrl {
-        what: what.to_string(),
-        url: url.to_string(),
-    };
-    let u = halo_policy::validate::parse_http_url(url).map_err(|_| bad())?;
-    if u.userinfo {
-        return Err(bad());
+impl Standalone {
+    /// The plan for `snap`.
+    pub fn plan(&self, snap: &Snapshot) -> Result<Plan, PlanError> {
+        plan::plan(snap, &self.gateway)
     }
-    Ok(Endpoint {
-        tls: u.https,
-        host: u.host.to_string(),
-        port: u.port_or_default(),
-        path: if u.path.is_empty() {
-            "/".to_string()
-        } else {
-            u.path.to_string()
-        },
-    })
+
+    fn delivery(&self) -> SecretDelivery<'_> {
+        match &self.secrets_dir {
+            Some(dir) => SecretDelivery::Files { dir },
+            None => SecretDelivery::Static,
+        }
+    }
 }
 
-/// The connect timeout of a service cluster (the JWKS, the kill list); a model cluster's is
-/// its target's `timeoutSeconds` or [`Failover::default_connect_timeout_seconds`].
-pub const SERVICE_CONNECT_TIMEOUT_SECONDS: u32 = 5;
-
-/// A one-endpoint cluster for `ep`: DNS-resolved unless the host is an IP literal (the
-/// address family is a resolver setting, so only a resolved cluster has one); for https,
-/// TLS verified against `trusted_ca` with the host as SAN (and SNI), see [`crate::tls`].
-/// Its connect timeout is a service's ([`SERVICE_CONNECT_TIMEOUT_SECONDS`]).
-pub fn cluster(name: &str, ep: &Endpoint, trusted_ca: &str) -> Value {
-    let is_ip = ep.host.parse::<std::net::IpAddr>().is_ok();
+/// A one-endpoint cluster: DNS-resolved unless `resolve` is false (an IP literal; the
+/// address family is a resolver setting, so only a resolved cluster has one); with `tls`,
+/// the server verified as [`UpstreamTls`] says.
+fn one_endpoint_cluster(
+    name: &str,
+    host: &str,
+    port: u16,
+    resolve: bool,
+    tls: Option<&UpstreamTls>,
+    connect_timeout_seconds: u32,
+) -> Value {
     let mut c = json!({
         "name": name,
         // One endpoint per cluster: LOGICAL_DNS keeps connections across DNS answers
         // (a provider's many addresses) instead of draining them on each change.
-        "type": if is_ip { "STATIC" } else { "LOGICAL_DNS" },
-        "connect_timeout": format!("{SERVICE_CONNECT_TIMEOUT_SECONDS}s"),
+        "type": if resolve { "LOGICAL_DNS" } else { "STATIC" },
+        "connect_timeout": format!("{connect_timeout_seconds}s"),
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {
-                "address": {"socket_address": {"address": ep.host, "port_value": ep.port}},
-                "hostname": ep.host,
+                "address": {"socket_address": {"address": host, "port_value": port}},
+                "hostname": host,
             }}]}],
         },
     });
-    if !is_ip {
+    if resolve {
         c["dns_lookup_family"] = json!("V4_PREFERRED");
     }
-    if ep.tls {
-        c["transport_socket"] = UpstreamTls::for_host(&ep.host, trusted_ca).transport_socket();
+    if let Some(tls) = tls {
+        c["transport_socket"] = tls.transport_socket();
     }
     c
 }
 
-/// The names of every upstream the snapshot can route to: the gateway routes, toggle
-/// routes and experiment variant routes name upstreams.
-pub fn used_upstreams(snap: &Snapshot) -> BTreeSet<&str> {
-    let mut used: BTreeSet<&str> = BTreeSet::new();
-    let routes = snap
-        .models
-        .values()
-        .chain(snap.toggles.iter().flat_map(|t| t.routes.values()))
-        .chain(
-            snap.experiments
-                .iter()
-                .flat_map(|e| e.variants.iter().flat_map(|v| v.routes.values())),
-        );
-    for targets in routes {
-        for t in targets {
-            used.insert(t.upstream.as_str());
-        }
-    }
-    used
+/// A service cluster (the JWKS, the kill list), Envoy JSON.
+pub fn service_cluster(s: &ServicePlan) -> Value {
+    one_endpoint_cluster(
+        &s.cluster,
+        &s.host,
+        s.port,
+        s.resolve,
+        s.tls.as_ref(),
+        s.connect_timeout_seconds,
+    )
 }
 
-/// A target endpoint's `filter_metadata.halo`, sorted by key: what the per-attempt stage
-/// and the credential chain read (`target`: the target's cluster name, the marker the
-/// credential filters match; `model`, `kind`, `upstream`; and the upstream settings a
-/// translation reads: `region`, `project`, `apiVersion`, when set; and `attempt`, all the
-/// stage reads as one JSON value, [`EndpointFacts`]). The xDS translator writes the same
-/// pairs.
-pub fn target_metadata(
-    cluster: &str,
-    upstream_name: &str,
-    upstream: Option<&halo_policy::types::Upstream>,
-    model: &str,
-    host: &str,
-) -> Vec<(&'static str, String)> {
-    let mut md = vec![
-        // What auto_host_rewrite writes after the upstream filters: the stage sets it
-        // first, so a SigV4 signature covers the host the provider receives.
-        ("host", host.to_string()),
-        (
-            "kind",
-            upstream
-                .map(|u| u.kind.as_str())
-                .unwrap_or_default()
-                .to_string(),
-        ),
-        ("model", model.to_string()),
-        ("target", cluster.to_string()),
-        ("upstream", upstream_name.to_string()),
-    ];
-    if let Some(u) = upstream {
-        for (key, value) in [
-            ("apiVersion", &u.api_version),
-            ("project", &u.project),
-            ("region", &u.region),
-        ] {
-            if let Some(v) = value {
-                md.push((key, v.clone()));
-            }
-        }
-    }
-    // The same facts in one value: what the per-attempt stage reads, in one call.
-    let facts = EndpointFacts {
-        model: model.to_string(),
-        kind: upstream
-            .map(|u| u.kind.as_str())
-            .unwrap_or_default()
-            .to_string(),
-        host: host.to_string(),
-        region: upstream.and_then(|u| u.region.clone()),
-        project: upstream.and_then(|u| u.project.clone()),
-        api_version: upstream.and_then(|u| u.api_version.clone()),
-    };
-    md.push((names::ENDPOINT_FACTS_KEY, facts.encode()));
-    md.sort();
-    md
-}
-
-/// What moves an attempt to the next target (spec: a connect error, a 5xx or a 429).
-/// Envoy never retries once response headers went downstream, so a stream that failed
-/// mid-body is not retried (invariant 4).
-pub const RETRY_ON: &str = "5xx,connect-failure,retriable-status-codes";
-
-/// The status codes besides 5xx that [`RETRY_ON`] retries.
-pub const RETRIABLE_STATUS_CODES: [u32; 1] = [429];
-
-/// Failover settings of the model clusters and route. The defaults are written here only;
-/// the xDS translator's `GatewaySettings` takes them, so both modes walk targets the same
-/// way.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failover {
-    /// Attempts per request, the first included.
-    pub max_attempts: u32,
-    /// Consecutive 5xx (connect failures count) that open a target's breaker.
-    pub breaker_failures: u32,
-    /// How long a breaker stays open before a probe.
-    pub breaker_open_seconds: u32,
-    /// Connect timeout of a target without timeoutSeconds.
-    pub default_connect_timeout_seconds: u32,
-}
-
-impl Default for Failover {
-    fn default() -> Self {
-        Failover {
-            max_attempts: 3,
-            breaker_failures: 5,
-            breaker_open_seconds: 30,
-            default_connect_timeout_seconds: 10,
-        }
-    }
-}
-
-/// The model clusters, named by [`halo_policy::cluster_names`] exactly as the xDS
-/// translator names them: one one-endpoint cluster per target (outlier detection is its
-/// breaker), then one aggregate cluster per (route scope, alias, first pick) listing the
-/// targets' clusters in failover order. Sorted by name within each group.
-///
-/// With `attempt_stage` (the wasm path), every aggregate runs the filter's per-attempt
-/// stage as an upstream HTTP filter ([`attempt_protocol_options`]).
-pub fn model_clusters(
-    snap: &Snapshot,
-    failover: &Failover,
-    attempt_stage: Option<&str>,
-    hosts: &Hosts,
-    delivery: SecretDelivery<'_>,
-    trusted_ca: &str,
-) -> Result<ModelClusters, RenderError> {
-    let mut out = ModelClusters::default();
-    let headers = hosts.rendered_headers(|u| snap.upstreams.contains_key(u))?;
-    let mut creds: BTreeMap<String, AttemptTarget> = BTreeMap::new();
-    let mut targets: BTreeMap<String, Value> = BTreeMap::new();
-    let mut timeouts: BTreeMap<String, u32> = BTreeMap::new();
-    let mut aggregates: BTreeMap<String, Value> = BTreeMap::new();
-    for (scope, routes) in cluster_names::scoped_routes(snap) {
-        for (alias, route) in routes {
-            for t in route {
-                let name = cluster_names::target_cluster(t);
-                if targets.contains_key(&name) {
-                    continue;
-                }
-                let url = snap
-                    .upstreams
-                    .get(&t.upstream)
-                    .map(|u| u.url.as_str())
-                    .unwrap_or_default();
-                let ep = endpoint(&format!("upstream {}", t.upstream), url)?;
-                if let Some(secs) = t.timeout_seconds {
-                    timeouts.insert(name.clone(), secs);
-                }
-                let mut c = cluster(&name, &ep, trusted_ca);
-                c["connect_timeout"] = json!(format!(
-                    "{}s",
-                    t.timeout_seconds
-                        .unwrap_or(failover.default_connect_timeout_seconds)
-                ));
-                c["outlier_detection"] = json!({
-                    "consecutive_5xx": failover.breaker_failures,
-                    "base_ejection_time": format!("{}s", failover.breaker_open_seconds),
-                    // One host per cluster: the default cap (10%) must not keep it in.
-                    "max_ejection_percent": 100,
-                });
-                let halo: serde_json::Map<String, Value> = target_metadata(
-                    &name,
-                    &t.upstream,
-                    snap.upstreams.get(&t.upstream),
-                    &t.model,
-                    &ep.host,
-                )
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), Value::String(v)))
-                .collect();
-                c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] =
-                    json!({"filter_metadata": {names::METADATA_NAMESPACE: halo}});
-                let (cred, warning) = match snap.upstreams.get(&t.upstream) {
-                    Some(u) => credentials::target_credential(&t.upstream, u, hosts),
-                    None => (TargetCredential::None, None),
-                };
-                out.warnings.extend(warning);
-                if let TargetCredential::Key { secret, source, .. } = &cred
-                    && !out.secrets.iter().any(|s| s["name"] == json!(secret))
-                {
-                    out.secrets.push(credentials::secret(secret, source));
-                }
-                creds.insert(
-                    name.clone(),
-                    AttemptTarget {
-                        cluster: name.clone(),
-                        credential: cred,
-                        headers: headers.get(&t.upstream).cloned().unwrap_or_default(),
-                    },
-                );
-                targets.insert(name, c);
-            }
-            for (name, _first_pick, clusters) in
-                cluster_names::route_aggregates(snap, scope, alias, route)
-            {
-                if let Some(secs) = clusters.first().and_then(|c| timeouts.get(c)) {
-                    out.header_timeouts.insert(name.clone(), *secs);
-                }
-                let mut aggregate = json!({
-                    "name": name,
-                    "connect_timeout": "5s",
-                    "lb_policy": "CLUSTER_PROVIDED",
-                    "cluster_type": {
-                        "name": "envoy.clusters.aggregate",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
-                            "clusters": clusters,
-                        },
-                    },
-                });
-                if let Some(wasm_path) = attempt_stage {
-                    let targets: Vec<AttemptTarget> = clusters
-                        .iter()
-                        .map(|c| {
-                            creds.get(c).cloned().unwrap_or_else(|| AttemptTarget {
-                                cluster: c.clone(),
-                                ..AttemptTarget::default()
-                            })
-                        })
-                        .collect();
-                    aggregate["typed_extension_protocol_options"] =
-                        attempt_protocol_options(wasm_path, &targets, delivery);
-                }
-                aggregates.insert(name, aggregate);
-            }
-        }
-    }
-    out.clusters = targets
-        .into_values()
-        .chain(aggregates.into_values())
+/// A target's cluster, Envoy JSON: its endpoint carries the target's metadata, its outlier
+/// detection is the breaker.
+pub fn target_cluster(t: &TargetPlan) -> Value {
+    let mut c = one_endpoint_cluster(
+        &t.name,
+        &t.host,
+        t.port,
+        t.resolve,
+        t.tls.as_ref(),
+        t.connect_timeout_seconds,
+    );
+    c["outlier_detection"] = json!({
+        "consecutive_5xx": t.breaker.consecutive_failures,
+        "base_ejection_time": format!("{}s", t.breaker.open_seconds),
+        // One host per cluster: the default cap (10%) must not keep it in.
+        "max_ejection_percent": 100,
+    });
+    let halo: serde_json::Map<String, Value> = t
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
         .collect();
-    Ok(out)
+    c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] =
+        json!({"filter_metadata": {names::METADATA_NAMESPACE: halo}});
+    c
 }
 
-/// What [`model_clusters`] renders.
-#[derive(Debug, Clone, Default)]
-pub struct ModelClusters {
-    pub clusters: Vec<Value>,
-    /// The keys' secrets (references to an env variable or file, never a value), one per
-    /// credentialed upstream in use.
-    pub secrets: Vec<Value>,
-    /// Credentials the policy configures that are not used, and why.
-    pub warnings: Vec<String>,
-    /// Per aggregate whose first pick has `timeoutSeconds`, that value: its route bounds
-    /// each attempt's wait for response headers ([`model_routes`]).
-    pub header_timeouts: BTreeMap<String, u32>,
+/// An aggregate cluster, Envoy JSON: its sub-clusters are priorities, tried in order; with
+/// the plan's attempt stage, the per-attempt chain runs as its upstream HTTP filters.
+pub fn aggregate_cluster(plan: &Plan, a: &AggregatePlan, delivery: SecretDelivery<'_>) -> Value {
+    let mut aggregate = json!({
+        "name": a.name,
+        "connect_timeout": format!("{SERVICE_CONNECT_TIMEOUT_SECONDS}s"),
+        "lb_policy": "CLUSTER_PROVIDED",
+        "cluster_type": {
+            "name": "envoy.clusters.aggregate",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig",
+                "clusters": a.clusters,
+            },
+        },
+    });
+    if let Some(module) = &plan.attempt_stage {
+        aggregate["typed_extension_protocol_options"] =
+            attempt_protocol_options(module, &plan.attempt_targets(a), delivery);
+    }
+    aggregate
 }
 
-/// The model routes, in order: one per aggregate in `header_timeouts` (matched on its name
-/// in the route header) whose retry policy has that `per_try_timeout`, then the route for
-/// every other aggregate (`cluster_header`). A target's `timeoutSeconds` bounds connect
-/// (its cluster's `connect_timeout`) and the wait for response headers (this per-try
-/// timeout): a primary that accepts and hangs is retried on the next target. Envoy ignores
-/// a per-try timeout once the response has started downstream, so a started stream is never
-/// cut by it (seen in Envoy 1.40, `tests/tests/timeouts.rs`). The per-try timeout is the
-/// first pick's and applies to every attempt of the request: Envoy takes it per route,
-/// not per upstream.
-pub fn model_routes(failover: &Failover, header_timeouts: &BTreeMap<String, u32>) -> Vec<Value> {
+/// The model routes of `r`, in order: one per aggregate in its `header_timeouts` (matched
+/// on its name in the route header) whose retry policy has that `per_try_timeout`, then
+/// the route for every other aggregate (`cluster_header`).
+pub fn model_routes(r: &RoutePlan) -> Vec<Value> {
     let route = |name: &str, matcher: Value, target: (&str, &str), per_try: Option<u32>| {
-        let mut retry = retry_policy(failover);
+        let mut retry = retry_policy(r);
         if let Some(secs) = per_try {
             retry["per_try_timeout"] = json!(format!("{secs}s"));
+        }
+        let mut action = json!({
+            target.0: target.1,
+            // Streams have no total limit; idleness ends them.
+            "timeout": "0s",
+            "idle_timeout": format!("{}s", r.idle_timeout_seconds),
+            "retry_policy": retry,
+        });
+        if r.auto_host_rewrite {
+            action["auto_host_rewrite"] = json!(true);
         }
         json!({
             "name": name,
             "match": matcher,
-            "route": {
-                target.0: target.1,
-                // Streams have no total limit; idleness ends them.
-                "timeout": "0s",
-                "idle_timeout": format!("{STREAM_IDLE_TIMEOUT_SECONDS}s"),
-                "auto_host_rewrite": true,
-                "retry_policy": retry,
-            },
-            "request_headers_to_remove": [names::ROUTE_HEADER],
+            "route": action,
+            "request_headers_to_remove": r.request_headers_to_remove,
         })
     };
-    let mut routes: Vec<Value> = header_timeouts
+    let mut routes: Vec<Value> = r
+        .header_timeouts
         .iter()
         .map(|(aggregate, secs)| {
             route(
                 aggregate,
                 json!({"prefix": "/", "headers": [{
-                    "name": names::ROUTE_HEADER,
+                    "name": r.cluster_header,
                     "string_match": {"exact": aggregate},
                 }]}),
                 ("cluster", aggregate),
@@ -435,24 +192,19 @@ pub fn model_routes(failover: &Failover, header_timeouts: &BTreeMap<String, u32>
     routes.push(route(
         BY_ROUTE_HEADER,
         json!({"prefix": "/"}),
-        ("cluster_header", names::ROUTE_HEADER),
+        ("cluster_header", &r.cluster_header),
         None,
     ));
     routes
 }
 
-/// The name of the model route that takes its cluster from the route header (the routes
-/// before it are named after the aggregate they serve).
-pub const BY_ROUTE_HEADER: &str = "by-route-header";
-
-/// The retry policy of the model route: the xDS translator's (move on after a connect
-/// error, a 5xx or a 429; each retry to the next sub-cluster of the aggregate). Envoy
-/// never retries once response headers went downstream.
-pub fn retry_policy(failover: &Failover) -> Value {
+/// The retry policy of the model route `r`: move on after what `r.retry_on` says, each
+/// retry to the next sub-cluster (priority) of the aggregate not yet tried.
+pub fn retry_policy(r: &RoutePlan) -> Value {
     json!({
-        "retry_on": RETRY_ON,
-        "retriable_status_codes": RETRIABLE_STATUS_CODES,
-        "num_retries": failover.max_attempts.saturating_sub(1),
+        "retry_on": r.retry_on,
+        "retriable_status_codes": r.retriable_status_codes,
+        "num_retries": r.num_retries,
         "retry_priority": {
             "name": "envoy.retry_priorities.previous_priorities",
             "typed_config": {
@@ -462,6 +214,21 @@ pub fn retry_policy(failover: &Failover) -> Value {
         },
     })
 }
+
+/// The halo filter of `f` (either build) with its configuration `{snapshot, settings}`,
+/// plus `killList` (the signed envelope halo-server pushes) when given; named `f.name`.
+pub fn planned_filter(f: &FilterPlan, snap: &Snapshot, kill_list: Option<&str>) -> Value {
+    let mut configuration = filter_configuration(snap, &f.settings);
+    if let Some(envelope) = kill_list {
+        configuration["killList"] = Value::String(envelope.to_string());
+    }
+    let mut filter = halo_filter_with(&f.module, &configuration);
+    filter["name"] = json!(f.name);
+    filter
+}
+
+/// The spellings of the `Bearer` authorization scheme jwt_authn takes a token after.
+pub const BEARER_SCHEMES: [&str; 3] = ["Bearer", "bearer", "BEARER"];
 
 /// jwt_authn for the policy's identity: one provider for bearer tokens, one for the
 /// gemini wire that also takes `x-goog-api-key` and `?key=`. A missing or failed token
@@ -491,13 +258,18 @@ pub fn jwt_authn(snap: &Snapshot, jwks_uri: &str, module_path: &str) -> Option<V
         if let Some(aud) = identity.effective_audience() {
             p["audiences"] = json!([aud]);
         }
+        // `Authorization: <scheme> <token>`, the scheme in any of its usual spellings:
+        // it is case-insensitive (RFC 7235), and Envoy matches a prefix exactly (its
+        // default, `Bearer ` only, refused `bearer <token>` with a 401).
+        let mut from_headers: Vec<Value> = BEARER_SCHEMES
+            .iter()
+            .map(|s| json!({"name": "authorization", "value_prefix": format!("{s} ")}))
+            .collect();
         if gemini {
-            p["from_headers"] = json!([
-                {"name": "authorization", "value_prefix": "Bearer "},
-                {"name": "x-goog-api-key"},
-            ]);
+            from_headers.push(json!({"name": "x-goog-api-key"}));
             p["from_params"] = json!(["key"]);
         }
+        p["from_headers"] = Value::Array(from_headers);
         p
     };
     let requires = |provider: &str| {
@@ -536,13 +308,17 @@ pub fn halo_filter(module_path: &str, snap: &Snapshot, settings: &Value) -> Valu
 /// [`halo_filter`] with a configuration document already built (the xDS server adds the
 /// pushed `killList` to it), for either build.
 pub fn halo_filter_with(module_path: &str, configuration: &Value) -> Value {
-    filter_instance("halo", module_path, &configuration.to_string())
+    filter_instance(names::FILTER_NAME, module_path, &configuration.to_string())
 }
 
 /// The filter's per-attempt stage (`{"stage": "attempt"}`): the same module, run as an
 /// upstream HTTP filter, once per attempt, after Envoy picked the endpoint.
 pub fn attempt_filter(module_path: &str) -> Value {
-    filter_instance("halo-attempt", module_path, ATTEMPT_STAGE_CONFIGURATION)
+    filter_instance(
+        names::ATTEMPT_STAGE_NAME,
+        module_path,
+        ATTEMPT_STAGE_CONFIGURATION,
+    )
 }
 
 /// True when `module_path` is the native build (a shared object) rather than wasm.
@@ -637,44 +413,6 @@ pub fn attempt_protocol_options(
     })
 }
 
-/// How long a stream may carry no byte either way before Envoy resets it, in both modes.
-/// Streams have no total time limit (route timeout 0): a model answer streams for as long
-/// as it takes, and providers send keep-alive events (Anthropic's `ping`) far more often.
-/// Without it a provider that accepts and then hangs would hold the client forever.
-pub const STREAM_IDLE_TIMEOUT_SECONDS: u32 = 300;
-
-/// The access log of the model listener, both modes: one JSON line per request on Envoy's
-/// standard output. What was decided and how it went: the time, the ring, the experiment
-/// and variant, the aggregate cluster (`<alias>-<first pick>`, prefixed by the experiment
-/// or toggle scope; see [`halo_policy::cluster_names`]), the upstream address of the last
-/// attempt, the status and Envoy's response flags, the attempts, the total duration and the
-/// time to the response's first byte (ms). Never a body, a header value other than the
-/// filter's own stamps, a query string, the path, or a user id (invariant 6): the filter's
-/// `x-halo-user` stamp is not among the fields.
-pub fn access_log() -> Value {
-    json!({
-        "name": "envoy.access_loggers.stdout",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
-            "log_format": {"json_format": {
-                "time": "%START_TIME%",
-                "log": "halo.request",
-                "ring": "%REQ(x-halo-ring)%",
-                "experiment": "%REQ(x-halo-experiment)%",
-                "variant": "%REQ(x-halo-variant)%",
-                "route": "%UPSTREAM_CLUSTER%",
-                "upstream": "%UPSTREAM_HOST%",
-                "method": "%REQ(:METHOD)%",
-                "status": "%RESPONSE_CODE%",
-                "flags": "%RESPONSE_FLAGS%",
-                "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
-                "durationMs": "%DURATION%",
-                "firstByteMs": "%RESPONSE_DURATION%",
-            }},
-        },
-    })
-}
-
 /// Stats tags for the filter's metrics (`halo.<metric>.<tag>.<value>...`, see the
 /// filter's `metrics` module), so Prometheus shows them as labels.
 pub fn stats_tags() -> Value {
@@ -710,84 +448,45 @@ pub const STRIP_CUSTOM_STAT_PREFIX: &str =
     "envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix";
 
 /// The whole standalone bootstrap.
-pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderError> {
-    let mut settings = opts.settings.clone();
-    if !settings.is_object() {
-        return Err(RenderError::Settings);
-    }
-    let failover = Failover::default();
-    let hosts = Hosts::from_settings(&settings)?;
-    if let Some(m) = settings.as_object_mut() {
-        // Gateway settings for the renderer, not the filter's.
-        for key in credentials::HOSTS_SETTINGS {
-            m.remove(key);
-        }
-    }
-    let delivery = match &opts.secrets_dir {
-        Some(dir) => SecretDelivery::Files { dir },
-        None => SecretDelivery::Static,
-    };
-    let model = model_clusters(
-        snap,
-        &failover,
-        Some(&opts.wasm_path),
-        &hosts,
-        delivery,
-        &opts.upstream_ca_file,
-    )?;
-    let mut clusters = model.clusters;
-    if let Some(url) = &opts.killswitch_url {
-        let ep = endpoint("killswitch URL", url)?;
-        clusters.push(cluster(
-            names::KILLSWITCH_CLUSTER,
-            &ep,
-            &opts.upstream_ca_file,
-        ));
-        let ks = settings
-            .as_object_mut()
-            .map(|m| m.entry("killSwitch").or_insert_with(|| json!({})));
-        if let Some(Value::Object(ks)) = ks {
-            ks.insert("cluster".into(), json!(names::KILLSWITCH_CLUSTER));
-            ks.insert("url".into(), json!(url));
-        }
-    }
+pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, PlanError> {
+    Ok(emit(snap, &opts.plan(snap)?, opts))
+}
 
-    let mut http_filters = Vec::new();
-    if let Some(identity) = snap.identity.as_ref().filter(|i| !i.issuer.is_empty()) {
-        let jwks = match &opts.jwks_uri {
-            Some(u) => u.clone(),
-            None => format!(
-                "{}/.well-known/jwks.json",
-                identity.issuer.trim_end_matches('/')
-            ),
-        };
-        let ep = endpoint("JWKS URI", &jwks)?;
-        clusters.push(cluster(names::JWKS_CLUSTER, &ep, &opts.upstream_ca_file));
-        http_filters.extend(jwt_authn(snap, &jwks, &opts.wasm_path));
-    }
-    let mut filter = halo_filter(&opts.wasm_path, snap, &settings);
-    // The name xDS gives it too (its ECDS resource's): one name in both modes.
-    filter["name"] = json!(names::FILTER_NAME);
-    http_filters.push(filter);
+/// [`Plan`] as the standalone bootstrap.
+fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Value {
+    let l = &plan.listener;
+    let mut clusters: Vec<Value> = plan.targets.iter().map(target_cluster).collect();
+    clusters.extend(
+        plan.aggregates
+            .iter()
+            .map(|a| aggregate_cluster(plan, a, opts.delivery())),
+    );
+    clusters.extend(
+        [&l.jwks, &l.killswitch]
+            .into_iter()
+            .flatten()
+            .map(service_cluster),
+    );
+    let mut http_filters: Vec<Value> = l.jwt_authn.iter().cloned().collect();
+    http_filters.extend(l.filter.as_ref().map(|f| planned_filter(f, snap, None)));
     http_filters.push(json!({
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
     }));
-
     let hcm = json!({
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-            "stat_prefix": "halo",
+            "stat_prefix": l.name,
             "codec_type": "AUTO",
-            "stream_idle_timeout": format!("{STREAM_IDLE_TIMEOUT_SECONDS}s"),
-            "access_log": [access_log()],
+            "stream_idle_timeout": format!("{}s", l.stream_idle_timeout_seconds),
+            "access_log": l.access_logs,
             "route_config": {
-                "name": "halo",
+                "name": plan.route.name,
                 "virtual_hosts": [{
-                    "name": "halo",
+                    "name": plan.route.name,
                     "domains": ["*"],
-                    "routes": model_routes(&failover, &model.header_timeouts),
+                    "routes": model_routes(&plan.route),
                 }],
             },
             "http_filters": http_filters,
@@ -801,19 +500,19 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
         "layered_runtime": runtime(),
         "static_resources": {
             "listeners": [{
-                "name": "halo",
-                "address": {"socket_address": {"address": opts.listen_address, "port_value": opts.listen_port}},
-                "per_connection_buffer_limit_bytes": listener_buffer_limit(&settings),
+                "name": l.name,
+                "address": {"socket_address": {"address": l.address, "port_value": l.port}},
+                "per_connection_buffer_limit_bytes": l.per_connection_buffer_limit_bytes,
                 "filter_chains": [{"filters": [hcm]}],
             }],
             "clusters": clusters,
         },
     });
-    if !model.secrets.is_empty() && opts.secrets_dir.is_none() {
+    if !plan.secrets.is_empty() && opts.secrets_dir.is_none() {
         // References to where each key is read (env or file), never a value.
-        doc["static_resources"]["secrets"] = Value::Array(model.secrets);
+        doc["static_resources"]["secrets"] = Value::Array(plan.secrets.clone());
     }
-    Ok(doc)
+    doc
 }
 
 /// With [`Standalone::secrets_dir`]: the SDS files the bootstrap reads its provider keys'
@@ -822,41 +521,16 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, RenderErr
 pub fn standalone_secret_files(
     snap: &Snapshot,
     opts: &Standalone,
-) -> Result<Vec<(String, String)>, RenderError> {
-    let Some(dir) = &opts.secrets_dir else {
+) -> Result<Vec<(String, String)>, PlanError> {
+    if opts.secrets_dir.is_none() {
         return Ok(Vec::new());
-    };
-    let hosts = Hosts::from_settings(&opts.settings)?;
-    let model = model_clusters(
-        snap,
-        &Failover::default(),
-        Some(&opts.wasm_path),
-        &hosts,
-        SecretDelivery::Files { dir },
-        &opts.upstream_ca_file,
-    )?;
-    Ok(model
+    }
+    Ok(opts
+        .plan(snap)?
         .secrets
         .iter()
         .filter_map(credentials::secret_file)
         .collect())
-}
-
-/// Warnings about the policy's credentials the standalone bootstrap does not use.
-pub fn credential_warnings(snap: &Snapshot, settings: &Value) -> Vec<String> {
-    let Ok(hosts) = Hosts::from_settings(settings) else {
-        return Vec::new();
-    };
-    model_clusters(
-        snap,
-        &Failover::default(),
-        None,
-        &hosts,
-        SecretDelivery::Static,
-        crate::tls::DEFAULT_UPSTREAM_CA_FILE,
-    )
-    .map(|m| m.warnings)
-    .unwrap_or_default()
 }
 
 /// The standalone bootstrap as the YAML file `halo envoy bootstrap` writes: a header
@@ -867,7 +541,7 @@ pub fn standalone_yaml(
     opts: &Standalone,
     source: &str,
     warnings: &[String],
-) -> Result<String, RenderError> {
+) -> Result<String, PlanError> {
     let doc = standalone(snap, opts)?;
     let mut out = format!(
         "# Envoy standalone bootstrap for Halos, generated by `halo envoy bootstrap` from {source}\n\
@@ -938,30 +612,5 @@ mod tests {
             names::JWT_PAYLOAD_HEADER
         );
         assert_eq!(header("/x/halo_filter.wasm"), Value::Null);
-    }
-
-    #[test]
-    fn endpoints() {
-        let e = endpoint("x", "https://api.anthropic.com").unwrap();
-        assert_eq!(
-            (e.tls, e.host.as_str(), e.port, e.path.as_str()),
-            (true, "api.anthropic.com", 443, "/")
-        );
-        let e = endpoint("x", "http://127.0.0.1:8080/api/v1/gateway/killswitch").unwrap();
-        assert_eq!(
-            (e.tls, e.port, e.path.as_str()),
-            (false, 8080, "/api/v1/gateway/killswitch")
-        );
-        assert!(endpoint("x", "ftp://h").is_err());
-        assert!(endpoint("x", "http://:80").is_err());
-        assert!(endpoint("x", "https://user@h").is_err());
-        // The scheme is case-insensitive, as policy validation takes it.
-        let e = endpoint("x", "HTTPS://API.example:8443?q=1").unwrap();
-        assert_eq!(
-            (e.tls, e.host.as_str(), e.port, e.path.as_str()),
-            (true, "API.example", 8443, "?q=1")
-        );
-        let e = endpoint("x", "http://[::1]:9/v1").unwrap();
-        assert_eq!((e.host.as_str(), e.port), ("::1", 9));
     }
 }

@@ -3,8 +3,8 @@
 //! whose target it belongs to (docs/ARCHITECTURE.md, "Per-attempt credentials", pinned in
 //! Envoy 1.40 by tests/tests/credentials.rs and tests/tests/providers.rs).
 //!
-//! Shared by the standalone bootstrap (secrets as static resources) and the xDS translator
-//! (secrets over ADS): the same JSON either way. No secret is ever in the configuration:
+//! Planned once (the gateway plan), printed by the standalone bootstrap (secrets as static
+//! resources or SDS files) and by halo-xds (secrets over ADS): the same JSON either way. No secret is ever in the configuration:
 //! a key is an Envoy `DataSource` naming the environment variable or file the policy's
 //! `credential` names; SigV4 uses Envoy's AWS default chain; the Vertex token is the SDS
 //! file halo-credentials keeps fresh (`vertexTokenSds`); `upstreamHeaders` values name
@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use halo_policy::types::{Upstream, UpstreamKind};
 use serde_json::{Value, json};
 
-use crate::bootstrap::endpoint;
+use crate::plan::endpoint;
 
 /// The per-attempt marker header: the chosen endpoint's `halo.target` (its cluster name),
 /// set by Envoy's formatter on every attempt and removed before the request leaves.
@@ -275,7 +275,8 @@ pub enum TargetCredential {
     None,
     /// SigV4 by Envoy's signer with the AWS default chain; unsigned attempts refused.
     SigV4 { region: String },
-    /// A bedrock target whose host may not receive the signature: 502 bad_upstream.
+    /// A bedrock target whose host may not receive the signature: left out of failover
+    /// orders by the plan; alone in one, 502 bad_upstream.
     RefuseSigning { host: String },
     /// A key from `source`, sent as `header` (with `Bearer ` for OpenAI).
     Key {
@@ -358,7 +359,7 @@ pub fn target_credential(
                 Some(_) => (
                     TargetCredential::RefuseSigning { host: host.clone() },
                     Some(format!(
-                        "upstream {name}: {host} is neither an AWS host nor in signHosts; its requests are answered 502"
+                        "upstream {name}: {host} is neither an AWS host nor in signHosts: it is left out of failover orders (a call goes to the next target, and is answered 502 only when no other is left)"
                     )),
                 ),
             }
@@ -657,7 +658,11 @@ pub fn reset_filter(extra: &[&str]) -> Value {
     let mut mutations: Vec<Value> = names.iter().map(|h| json!({"remove": h})).collect();
     mutations.push(set_header(
         TARGET_HEADER,
-        "%UPSTREAM_METADATA(halo:target)%",
+        &format!(
+            "%UPSTREAM_METADATA({}:{})%",
+            crate::names::METADATA_NAMESPACE,
+            crate::names::TARGET_METADATA_KEY
+        ),
     ));
     header_mutation("halo.attempt-reset", mutations)
 }

@@ -19,8 +19,8 @@
 
 use serde_json::{Value, json};
 
-use crate::bootstrap::Endpoint;
 use crate::names::METADATA_NAMESPACE;
+use crate::plan::{PlanError, ServicePlan};
 
 /// The log record's body: the spec's name of the per-call event.
 pub const EVENT_NAME: &str = "halo.gateway.requests";
@@ -215,16 +215,18 @@ pub fn access_log(export: &Export) -> Value {
     })
 }
 
-/// The receiver's cluster: HTTP/2 (gRPC), TLS when the URL is https.
-pub fn cluster(endpoint: &Endpoint, ca_file: &str) -> Value {
-    let mut c = crate::bootstrap::cluster(EVIDENCE_CLUSTER, endpoint, ca_file);
+/// The receiver's cluster for its `url`: a service cluster of the gateway plan
+/// ([`ServicePlan`]), HTTP/2 (gRPC), TLS verified when the URL is https.
+pub fn cluster(url: &str, ca_file: &str) -> Result<Value, PlanError> {
+    let service = ServicePlan::new("evidence URL", EVIDENCE_CLUSTER, url, ca_file)?;
+    let mut c = crate::bootstrap::service_cluster(&service);
     c["typed_extension_protocol_options"] = json!({
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http2_protocol_options": {}},
         },
     });
-    c
+    Ok(c)
 }
 
 #[cfg(test)]

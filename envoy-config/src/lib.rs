@@ -1,6 +1,6 @@
 //! halo-envoy-config: the compiled policy as Envoy configuration, shared by the filter
 //! (cluster names it routes to), `halo envoy bootstrap` (the standalone bootstrap) and the
-//! xDS translator (which can reuse the cluster and filter builders or replace them).
+//! xDS server (halo-xds), which both emit the one gateway plan made here.
 //!
 //! Pure: no I/O, no Envoy protobuf types; every builder returns `serde_json::Value` in
 //! Envoy's JSON/YAML shape, and [`yaml::to_yaml`] prints it deterministically.
@@ -8,7 +8,10 @@
 //! Code map:
 //! - [`names`]: the cluster naming scheme and the route header (the filter's contract with
 //!   Envoy's `cluster_header` route).
-//! - [`bootstrap`]: the standalone (static resources) bootstrap.
+//! - [`plan`]: snapshot + gateway settings -> the [`plan::Plan`], every decision about the
+//!   gateway's Envoy resources, made once (both modes).
+//! - [`bootstrap`]: the standalone (static resources) bootstrap, the plan's JSON emitter
+//!   (halo-xds's `envoy` module is its protobuf emitter), and the filters' Envoy JSON.
 //! - [`credentials`]: the per-attempt credential chain (SigV4, keys) after the stage.
 //! - [`evidence`]: the per-call evidence record Envoy's OpenTelemetry access logger sends
 //!   to halo-server's gateway receiver (its attributes, the filter's facts).
@@ -19,5 +22,6 @@ pub mod bootstrap;
 pub mod credentials;
 pub mod evidence;
 pub mod names;
+pub mod plan;
 pub mod tls;
 pub mod yaml;

@@ -10,7 +10,7 @@
 //!
 //! The model clusters (one aggregate per route scope, alias and first pick; one
 //! sub-cluster per target) are named by [`halo_policy::cluster_names`], the one scheme the
-//! filter, the xDS translator and the standalone bootstrap all call.
+//! filter and the gateway plan (both modes) call.
 
 /// The request header the filter sets to the chosen cluster's name.
 pub const ROUTE_HEADER: &str = "x-halo-route";
@@ -33,6 +33,10 @@ pub const NATIVE_METRICS_NAMESPACE: &str = "halocustom";
 /// per-attempt stage reads [`ENDPOINT_FACTS_KEY`] there.
 pub const METADATA_NAMESPACE: &str = "halo";
 
+/// The key of a target's cluster name in [`METADATA_NAMESPACE`]: the per-attempt
+/// credential chain's marker (`credentials::TARGET_HEADER`) is set from it.
+pub const TARGET_METADATA_KEY: &str = "target";
+
 /// The key of a target's [`halo_policy::cluster_names::EndpointFacts`] in
 /// [`METADATA_NAMESPACE`].
 pub use halo_policy::cluster_names::ENDPOINT_FACTS_KEY;
@@ -40,6 +44,9 @@ pub use halo_policy::cluster_names::ENDPOINT_FACTS_KEY;
 /// The filter configuration that makes the module the per-attempt stage (an upstream
 /// HTTP filter on every aggregate cluster) instead of the request filter.
 pub const ATTEMPT_STAGE_CONFIGURATION: &str = r#"{"stage":"attempt"}"#;
+
+/// The per-attempt stage's filter (and wasm root id) name on every aggregate cluster.
+pub const ATTEMPT_STAGE_NAME: &str = "halo-attempt";
 
 /// jwt_authn's `payload_in_metadata` key: the filter reads verified claims under it.
 pub const JWT_PAYLOAD_KEY: &str = "halo_jwt";

@@ -1,8 +1,9 @@
 //! Upstream TLS: every https cluster (providers, the JWKS, the kill list) verifies the
 //! server's certificate against a CA bundle and matches its subject alt name to the host
-//! the URL names, in both modes. The decision ([`UpstreamTls::for_host`]) is made once
-//! here; the standalone bootstrap prints it as Envoy JSON ([`UpstreamTls::transport_socket`])
-//! and the xDS translator as protobuf (halo-xds's `envoy` module), field for field.
+//! the URL names, in both modes. The decision ([`UpstreamTls::for_host`]) is made once,
+//! in the gateway plan; the standalone bootstrap prints it as Envoy JSON
+//! ([`UpstreamTls::transport_socket`]) and halo-xds's `envoy` module as protobuf, field
+//! for field.
 //!
 //! Envoy has no "system trust store" of its own on Linux (its `system_root_certs` is not
 //! implemented), so the store is a file: the distribution's CA bundle by default

@@ -1,5 +1,7 @@
-//! Golden test: envoy/standalone.yaml is exactly what the renderer makes of the acme-corp
-//! example with the documented flags. Regenerate with `UPDATE_GOLDEN=1 cargo test -p
+//! Golden tests: the gateway plan of the acme-corp example under the default gateway
+//! settings (`tests/golden/acme-corp.plan.json`, every decision as reviewed JSON), and
+//! envoy/standalone.yaml, exactly what the standalone emitter makes of that example with
+//! the documented flags. Regenerate with `UPDATE_GOLDEN=1 cargo test -p
 //! halo-envoy-config` (the same as `halo envoy bootstrap --policy-dir examples/acme-corp
 //! --killswitch-url https://halo-server.acme.internal/api/v1/gateway/killswitch
 //! --killswitch-token-file ... --killswitch-pubkey ...`, with placeholders).
@@ -7,6 +9,7 @@
 use std::path::PathBuf;
 
 use halo_envoy_config::bootstrap::{Standalone, standalone_yaml};
+use halo_envoy_config::plan::GatewaySettings;
 use serde_json::json;
 
 fn root() -> PathBuf {
@@ -19,20 +22,53 @@ fn root() -> PathBuf {
 /// The options the committed file is rendered with (also `halo envoy bootstrap`'s defaults).
 pub fn golden_options() -> Standalone {
     Standalone {
-        listen_address: "0.0.0.0".into(),
-        listen_port: 8080,
+        gateway: GatewaySettings {
+            listen_address: "0.0.0.0".into(),
+            listen_port: 8080,
+            wasm_path: "/etc/halos/halo_filter.wasm".into(),
+            jwks_uri: Some("https://acme.okta.com/oauth2/aus9halos2acme7corp/v1/keys".into()),
+            filter_settings: json!({"killSwitch": {
+                "token": "REPLACE-WITH-THE-GATEWAY-TOKEN",
+                "pubkey": "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAREPLACEWITHTHEKILLSWITCHPUBLICKEYPEM000000=\n-----END PUBLIC KEY-----\n",
+            }}),
+            killswitch_url: Some(
+                "https://halo-server.acme.internal/api/v1/gateway/killswitch".into(),
+            ),
+            upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
+            ..GatewaySettings::default()
+        },
         admin_address: "127.0.0.1".into(),
         admin_port: 9901,
-        wasm_path: "/etc/halos/halo_filter.wasm".into(),
-        jwks_uri: Some("https://acme.okta.com/oauth2/aus9halos2acme7corp/v1/keys".into()),
-        settings: json!({"killSwitch": {
-            "token": "REPLACE-WITH-THE-GATEWAY-TOKEN",
-            "pubkey": "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAREPLACEWITHTHEKILLSWITCHPUBLICKEYPEM000000=\n-----END PUBLIC KEY-----\n",
-        }}),
-        killswitch_url: Some("https://halo-server.acme.internal/api/v1/gateway/killswitch".into()),
         secrets_dir: None,
-        upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
     }
+}
+
+fn acme() -> halo_policy::Snapshot {
+    let org =
+        halo_policy::load::load_dir(&root().join("examples/acme-corp")).expect("acme-corp loads");
+    halo_policy::compile(&org)
+}
+
+#[test]
+fn acme_corp_plan_matches_the_golden_file() {
+    let plan = halo_envoy_config::plan::plan(
+        &acme(),
+        &halo_envoy_config::plan::GatewaySettings::default(),
+    )
+    .expect("example plans");
+    let mut actual = serde_json::to_string_pretty(&plan).expect("plan serializes");
+    actual.push('\n');
+    let path = root().join("envoy-config/tests/golden/acme-corp.plan.json");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &actual).expect("write golden file");
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+    assert!(
+        expected == actual,
+        "{} differs from the plan: run UPDATE_GOLDEN=1 cargo test -p halo-envoy-config and review the diff",
+        path.display()
+    );
 }
 
 #[test]

@@ -406,7 +406,7 @@ impl RequestFlow {
 /// details, and passes as it is.
 pub fn every_target_failed(status: Option<u16>, details: Option<&str>) -> bool {
     let moves_on = status.is_some_and(|s| {
-        s >= 500 || halo_envoy_config::bootstrap::RETRIABLE_STATUS_CODES.contains(&u32::from(s))
+        s >= 500 || halo_envoy_config::plan::RETRIABLE_STATUS_CODES.contains(&u32::from(s))
     });
     let from_upstream = details.is_some_and(|d| {
         d == "via_upstream" || d.starts_with("upstream_") || d == "no_healthy_upstream"

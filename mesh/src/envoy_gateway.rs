@@ -81,8 +81,8 @@ pub fn render(snap: &Snapshot, opts: &GatewayOptions) -> Result<Vec<Value>, Mesh
         image["pullSecretRef"] = json!({"name": secret});
     }
     let mut wasm = json!({
-        "name": "halo",
-        "rootID": "halo",
+        "name": names::FILTER_NAME,
+        "rootID": names::FILTER_NAME,
         "failOpen": false,
         "code": {"type": "Image", "image": image, "pullPolicy": opts.image_pull_policy},
         "config": filter_configuration(snap, &settings),

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 
 use halo_envoy_config::bootstrap::filter_configuration;
 use halo_envoy_config::names;
+use halo_envoy_config::tls::UpstreamTls;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
 
@@ -79,6 +80,9 @@ pub struct IstioOptions {
     pub delivery: Delivery,
     /// The kill-list poll (none: the kill state changes only by re-rendering).
     pub kill_switch: Option<KillSwitchRef>,
+    /// A Secret (in [`Self::namespace`]) holding the private CA (`ca.crt`) that https
+    /// upstreams' certificates lead to; `None`: the proxy's system CA bundle.
+    pub upstream_ca_credential: Option<String>,
 }
 
 /// Every Istio manifest for `snap`, or why the mesh cannot serve it.
@@ -172,7 +176,7 @@ pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshEr
             },
         });
         if u.endpoint.tls {
-            policy["tls"] = json!({"mode": "SIMPLE", "sni": host});
+            policy["tls"] = upstream_tls(host, opts.upstream_ca_credential.as_deref());
         }
         docs.push(json!({
             "apiVersion": "networking.istio.io/v1",
@@ -206,13 +210,37 @@ pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshEr
     Ok(docs)
 }
 
+/// TLS origination to an https upstream, verified as in the other modes
+/// (halo-envoy-config's [`UpstreamTls::for_host`]): the certificate must lead to the
+/// private CA in `ca_credential` (a Secret with `ca.crt`) or, without one, to the proxy's
+/// system CA bundle (Istio verifies against it when no CA is set,
+/// `VERIFY_CERTIFICATE_AT_CLIENT`, on by default since 1.20), and carry the URL's host as a
+/// subject alt name; SNI is the host name (none for an IP literal). Nothing is skipped:
+/// `insecureSkipVerify` is stated false.
+fn upstream_tls(host: &str, ca_credential: Option<&str>) -> Value {
+    let verify = UpstreamTls::for_host(host, "");
+    let (_, san) = verify.san_type_and_value();
+    let mut tls = json!({
+        "mode": "SIMPLE",
+        "subjectAltNames": [san],
+        "insecureSkipVerify": false,
+    });
+    if let Some(sni) = &verify.sni {
+        tls["sni"] = json!(sni);
+    }
+    if let Some(secret) = ca_credential {
+        tls["credentialName"] = json!(secret);
+    }
+    tls
+}
+
 /// The filter as an EnvoyFilter: the Envoy Wasm filter config served over ECDS (what a
 /// WasmPlugin would produce, plus allow_on_headers_stop_iteration), inserted in the AUTHZ
 /// class of the gateway's HTTP filters, after Istio's jwt_authn.
 fn envoy_filter(snap: &Snapshot, settings: &Value, opts: &IstioOptions) -> Value {
     let ns = opts.namespace.as_str();
     // ECDS names are global per proxy: qualify with the namespace (Istio's advice).
-    let ecds_name = format!("{ns}.halo");
+    let ecds_name = format!("{ns}.{}", names::FILTER_NAME);
     let mut env = json!({
         // istio-agent reads the pull policy from here, as it does for a WasmPlugin.
         "key_values": {"ISTIO_META_WASM_IMAGE_PULL_POLICY": opts.image_pull_policy},
@@ -221,8 +249,8 @@ fn envoy_filter(snap: &Snapshot, settings: &Value, opts: &IstioOptions) -> Value
         env["host_env_keys"] = json!([GATEWAY_TOKEN_ENV]);
     }
     let mut config = json!({
-        "name": "halo",
-        "root_id": "halo",
+        "name": names::FILTER_NAME,
+        "root_id": names::FILTER_NAME,
         "fail_open": false,
         "vm_config": {
             "vm_id": "halo",
@@ -297,7 +325,7 @@ fn wasm_plugin(snap: &Snapshot, settings: &Value, opts: &IstioOptions, selector:
             "imagePullPolicy": opts.image_pull_policy,
             "phase": "AUTHZ",
             "priority": PLUGIN_PRIORITY,
-            "pluginName": "halo",
+            "pluginName": names::FILTER_NAME,
             "type": "HTTP",
             "failStrategy": "FAIL_CLOSE",
             "match": [{"mode": "SERVER"}],

@@ -29,7 +29,7 @@ pub mod control_plane;
 pub mod envoy_gateway;
 pub mod istio;
 
-use halo_envoy_config::bootstrap::{Endpoint, endpoint, used_upstreams};
+use halo_envoy_config::plan::{Endpoint, endpoint, used_upstreams};
 use halo_policy::{Snapshot, cluster_names};
 use serde_json::Value;
 
@@ -51,7 +51,7 @@ pub enum MeshError {
         count: usize,
     },
     #[error(transparent)]
-    Upstream(#[from] halo_envoy_config::bootstrap::RenderError),
+    Upstream(#[from] halo_envoy_config::plan::PlanError),
     #[error("{0}")]
     Option(String),
 }

@@ -91,6 +91,7 @@ fn overlay_render() -> Vec<Value> {
             pubkey_pem: std::fs::read_to_string(dir.join("killswitch.pub")).expect("pubkey"),
             interval_seconds: None,
         }),
+        upstream_ca_credential: None,
     };
     istio::render(&snap, &opts).expect("render")
 }

@@ -42,6 +42,7 @@ fn istio_options() -> IstioOptions {
         settings: json!({}),
         delivery: Delivery::EnvoyFilter,
         kill_switch: Some(kill_switch()),
+        upstream_ca_credential: None,
     }
 }
 
@@ -188,6 +189,30 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
         orch["spec"]["trafficPolicy"].get("tls").is_none(),
         "http upstream: no TLS"
     );
+    // An https upstream's certificate is verified: the host as SNI and subject alt name,
+    // the system CA bundle by default, a private CA's Secret when one is given.
+    let anthropic = rules
+        .iter()
+        .find(|r| r["spec"]["host"] == "api.anthropic.com")
+        .expect("anthropic");
+    assert_eq!(
+        anthropic["spec"]["trafficPolicy"]["tls"],
+        json!({"mode": "SIMPLE", "sni": "api.anthropic.com",
+               "subjectAltNames": ["api.anthropic.com"], "insecureSkipVerify": false})
+    );
+    let private = istio::render(
+        &snap,
+        &IstioOptions {
+            upstream_ca_credential: Some("provider-ca".into()),
+            ..istio_options()
+        },
+    )
+    .expect("render");
+    for r in kind(&private, "DestinationRule") {
+        if let Some(tls) = r["spec"]["trafficPolicy"].get("tls") {
+            assert_eq!(tls["credentialName"], "provider-ca", "{r}");
+        }
+    }
     assert_eq!(
         kind(&docs, "ServiceEntry").len(),
         2,

@@ -325,11 +325,18 @@ fn bare_bootstrap(port: u16, admin: u16, upstream: &str, baseline: Baseline) -> 
     };
     let mut route = json!({"cluster": "halo-upstream-prov-a", "timeout": "0s"});
     if baseline == Baseline::ReadInFullFailover {
-        route["retry_policy"] = halo_envoy_config::bootstrap::retry_policy(
-            &halo_envoy_config::bootstrap::Failover::default(),
-        );
+        route["retry_policy"] =
+            halo_envoy_config::bootstrap::retry_policy(&halo_envoy_config::plan::RoutePlan::new(
+                &halo_envoy_config::plan::GatewaySettings::default(),
+            ));
     }
-    let ep = halo_envoy_config::bootstrap::endpoint("upstream", upstream).expect("url");
+    let cluster = halo_envoy_config::plan::ServicePlan::new(
+        "upstream",
+        "halo-upstream-prov-a",
+        upstream,
+        halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE,
+    )
+    .expect("url");
     let doc = json!({
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
         "static_resources": {
@@ -348,7 +355,7 @@ fn bare_bootstrap(port: u16, admin: u16, upstream: &str, baseline: Baseline) -> 
                     },
                 }]}],
             }],
-            "clusters": [halo_envoy_config::bootstrap::cluster("halo-upstream-prov-a", &ep, halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE)],
+            "clusters": [halo_envoy_config::bootstrap::service_cluster(&cluster)],
         },
     });
     halo_envoy_config::yaml::to_yaml(&doc)

@@ -67,7 +67,11 @@ pub fn now_unix() -> i64 {
 // ---------------------------------------------------------------------------------------
 // Issuer
 
-/// A local OIDC issuer: serves its JWKS and mints ES256 tokens.
+/// Where the test issuer's discovery document says its keys are (as Okta's
+/// `/oauth2/v1/keys`: not the `/.well-known/jwks.json` default).
+pub const ISSUER_KEYS_PATH: &str = "/oauth2/v1/keys";
+
+/// A local OIDC issuer: serves its discovery document and JWKS, and mints ES256 tokens.
 pub struct Issuer {
     pub url: String,
     key: p256::ecdsa::SigningKey,
@@ -78,21 +82,40 @@ fn p256_key(seed: u8) -> p256::ecdsa::SigningKey {
 }
 
 impl Issuer {
+    /// The issuer's keys are served at `/.well-known/jwks.json` and at [`ISSUER_KEYS_PATH`],
+    /// the `jwks_uri` of its OIDC discovery document (`/.well-known/openid-configuration`).
     pub async fn start() -> Issuer {
         let key = p256_key(0x11);
         let jwks = json!({"keys": [es256::jwk(&key, "k1")]});
-        let router = axum::Router::new().route(
-            "/.well-known/jwks.json",
+        let url = Arc::new(std::sync::OnceLock::<String>::new());
+        let keys = {
+            let jwks = jwks.clone();
             axum::routing::get(move || {
                 let jwks = jwks.clone();
                 async move { axum::Json(jwks) }
-            }),
-        );
+            })
+        };
+        let discovery = {
+            let url = Arc::clone(&url);
+            axum::routing::get(move || {
+                let u = url.get().cloned().unwrap_or_default();
+                async move {
+                    axum::Json(json!({
+                        "issuer": u,
+                        "jwks_uri": format!("{u}{ISSUER_KEYS_PATH}"),
+                        "token_endpoint": format!("{u}/oauth2/v1/token"),
+                    }))
+                }
+            })
+        };
+        let router = axum::Router::new()
+            .route("/.well-known/jwks.json", keys.clone())
+            .route(ISSUER_KEYS_PATH, keys)
+            .route("/.well-known/openid-configuration", discovery);
         let addr = serve(router).await;
-        Issuer {
-            url: format!("http://{addr}"),
-            key,
-        }
+        let base = format!("http://{addr}");
+        let _ = url.set(base.clone());
+        Issuer { url: base, key }
     }
 
     /// Standard claims for `email`, valid for an hour, plus `extra`.
@@ -638,23 +661,27 @@ impl Gateway {
         let port = halo_testkit::free_port();
         let admin = halo_testkit::free_port();
         let boot = halo_envoy_config::bootstrap::Standalone {
-            listen_address: "127.0.0.1".into(),
-            listen_port: port,
+            gateway: halo_envoy_config::plan::GatewaySettings {
+                listen_address: "127.0.0.1".into(),
+                listen_port: port,
+                wasm_path: opts
+                    .wasm_path
+                    .unwrap_or_else(halo_testkit::filter_module)
+                    .display()
+                    .to_string(),
+                jwks_uri: opts.jwks_uri,
+                killswitch_url: opts.killswitch_url,
+                upstream_ca_file: opts.upstream_ca_file.map_or_else(
+                    || halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.to_string(),
+                    |f| f.display().to_string(),
+                ),
+                ..halo_envoy_config::plan::GatewaySettings::default()
+            }
+            .with_filter_settings(opts.settings)
+            .expect("gateway settings"),
             admin_address: "127.0.0.1".into(),
             admin_port: admin,
-            wasm_path: opts
-                .wasm_path
-                .unwrap_or_else(halo_testkit::filter_module)
-                .display()
-                .to_string(),
-            jwks_uri: opts.jwks_uri,
-            settings: opts.settings,
-            killswitch_url: opts.killswitch_url,
             secrets_dir: opts.secrets_dir.as_ref().map(|d| d.display().to_string()),
-            upstream_ca_file: opts.upstream_ca_file.map_or_else(
-                || halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.to_string(),
-                |f| f.display().to_string(),
-            ),
         };
         if let Some(dir) = &opts.secrets_dir {
             for (name, text) in

@@ -55,16 +55,16 @@ async fn a_bad_filter_configuration_refuses_to_start_naming_the_field() {
     let snap = halo_e2e::test_snapshot(&issuer.url, &providers);
     let admin = halo_testkit::free_port();
     let opts = halo_envoy_config::bootstrap::Standalone {
-        listen_address: "127.0.0.1".into(),
-        listen_port: halo_testkit::free_port(),
+        gateway: halo_envoy_config::plan::GatewaySettings {
+            listen_address: "127.0.0.1".into(),
+            listen_port: halo_testkit::free_port(),
+            wasm_path: halo_testkit::filter_module().display().to_string(),
+            filter_settings: serde_json::json!({"identity": {"trustedProxyCIDRs": ["10.0.0.0/33"]}}),
+            ..halo_envoy_config::plan::GatewaySettings::default()
+        },
         admin_address: "127.0.0.1".into(),
         admin_port: admin,
-        wasm_path: halo_testkit::filter_module().display().to_string(),
-        jwks_uri: None,
-        settings: serde_json::json!({"identity": {"trustedProxyCIDRs": ["10.0.0.0/33"]}}),
-        killswitch_url: None,
         secrets_dir: None,
-        upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
     };
     let doc = halo_envoy_config::bootstrap::standalone(&snap, &opts).expect("render");
     let dir = tempfile_dir();

@@ -91,6 +91,7 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
             pubkey_pem: kill.pubkey_pem(),
             interval_seconds: Some(1),
         }),
+        upstream_ca_credential: None,
     };
     let docs = istio::render(&snap, &opts).expect("render");
     let ef = docs
@@ -118,10 +119,14 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
     }});
     export_gateway_token();
 
-    let cluster = halo_envoy_config::bootstrap::cluster(
-        &cluster_name,
-        &halo_envoy_config::bootstrap::endpoint("kill-list server", &kill.url).expect("url"),
-        halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE,
+    let cluster = halo_envoy_config::bootstrap::service_cluster(
+        &halo_envoy_config::plan::ServicePlan::new(
+            "kill-list server",
+            &cluster_name,
+            &kill.url,
+            halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE,
+        )
+        .expect("url"),
     );
     kill_reaches_routing(
         &snap,
@@ -149,16 +154,15 @@ async fn kill_reaches_routing(
     let port = halo_testkit::free_port();
     let admin = halo_testkit::free_port();
     let boot = halo_envoy_config::bootstrap::Standalone {
-        listen_address: "127.0.0.1".into(),
-        listen_port: port,
+        gateway: halo_envoy_config::plan::GatewaySettings {
+            listen_address: "127.0.0.1".into(),
+            listen_port: port,
+            wasm_path: halo_testkit::filter_wasm().display().to_string(),
+            ..halo_envoy_config::plan::GatewaySettings::default()
+        },
         admin_address: "127.0.0.1".into(),
         admin_port: admin,
-        wasm_path: halo_testkit::filter_wasm().display().to_string(),
-        jwks_uri: None,
-        settings: json!({}),
-        killswitch_url: None,
         secrets_dir: None,
-        upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
     };
     let mut doc = halo_envoy_config::bootstrap::standalone(snap, &boot).expect("bootstrap");
     set_payload_key(&mut doc, payload_key);

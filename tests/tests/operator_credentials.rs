@@ -159,16 +159,17 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
     let rendered = halo_envoy_config::bootstrap::standalone(
         &snapshot,
         &halo_envoy_config::bootstrap::Standalone {
-            listen_address: "127.0.0.1".into(),
-            listen_port: 1,
+            gateway: halo_envoy_config::plan::GatewaySettings {
+                listen_address: "127.0.0.1".into(),
+                listen_port: 1,
+                wasm_path: "/x.wasm".into(),
+                ..halo_envoy_config::plan::GatewaySettings::default()
+            }
+            .with_filter_settings(settings.clone())
+            .expect("settings"),
             admin_address: "127.0.0.1".into(),
             admin_port: 2,
-            wasm_path: "/x.wasm".into(),
-            jwks_uri: None,
-            settings: settings.clone(),
-            killswitch_url: None,
             secrets_dir: None,
-            upstream_ca_file: halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.into(),
         },
     )
     .expect("renders")

@@ -67,6 +67,9 @@ async fn fixture() -> Fixture {
             "refused": {"url": refused_url(), "kind": "anthropic"},
             "hang": {"url": hang.url, "kind": "anthropic"},
             "bedrock": {"url": bedrock.url, "kind": "bedrock", "region": "us-east-1"},
+            // A host outside AWS and signHosts: it may not receive the signature.
+            "unsigned": {"url": bedrock.url.replace("127.0.0.1", "localhost"),
+                         "kind": "bedrock", "region": "us-east-1"},
         },
         "models": {
             "chat": [{"upstream": "primary", "model": "model-primary"}],
@@ -75,6 +78,7 @@ async fn fixture() -> Fixture {
             "on-refused": failover("refused", json!({})),
             "on-hang": failover("hang", json!({"timeoutSeconds": 1})),
             "claude": [{"upstream": "bedrock", "model": BEDROCK_MODEL}],
+            "on-unsigned": failover("unsigned", json!({})),
         },
         "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
         "experiments": [],
@@ -332,6 +336,13 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
             "backup",
         ),
         ("Bedrock, signed", msg("claude", false, 2), ""),
+        // Left out of the failover order at configuration time (#27 item 10): the first
+        // attempt goes to the next target.
+        (
+            "a target that must refuse is skipped",
+            msg("on-unsigned", false, 2),
+            "backup",
+        ),
     ];
     for (what, body, provider) in cases {
         let bytes = body.to_string().into_bytes();
@@ -379,7 +390,25 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
         2,
         "both gateways sent the whole 5 MB conversation"
     );
-    assert!(f.backup.count() >= 8, "every failover reached the backup");
+    assert!(f.backup.count() >= 10, "every failover reached the backup");
+
+    // The Bearer scheme is case-insensitive (RFC 7235, #27 item 7): a lowercase or
+    // uppercase one is accepted by both.
+    let raw_token = f.issuer.token("dev@acme.test", &[]);
+    for scheme in ["bearer", "BEARER"] {
+        let value = format!("{scheme} {raw_token}");
+        for gw in [&standalone, &xds] {
+            let a = gw
+                .send(
+                    reqwest::Method::POST,
+                    "/v1/messages",
+                    &[("authorization", value.as_str()), auth[1], auth[2]],
+                    msg("chat", false, 2).to_string().into_bytes(),
+                )
+                .await;
+            assert_eq!(a.status, 200, "{scheme}: {}", a.text());
+        }
+    }
 
     // 3. An over-limit body: the filter's JSON 413 from both, announced and chunked.
     let over = msg("chat", false, 32 * MIB + MIB / 2)

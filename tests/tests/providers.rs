@@ -294,6 +294,15 @@ async fn a_bedrock_upstream_on_a_non_aws_host_with_a_region_is_502_and_never_sig
             .contains("bedrock host 127.0.0.1 is neither an AWS host nor in signHosts"),
         "the error log names the host"
     );
+    // With a target after it, the refusing host is left out of the failover order (#27
+    // item 10): the call goes to the next target on the first attempt, not to a 502.
+    let a =
+        f.gw.post("/v1/messages", &f.headers(), &messages("claude-fo", false))
+            .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["model"], ANTHROPIC_MODEL);
+    assert_eq!(f.bedrock_down.count(), 0, "the refusing target was tried");
+    assert_eq!(f.anthropic.count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,6 @@
-//! A [`Plan`] as Envoy resources, one to one. Nothing is decided here.
+//! A [`Plan`] (halo-envoy-config's gateway plan) as Envoy resources, one to one: the xDS
+//! emitter, as halo-envoy-config's `bootstrap` is the standalone one. Nothing is decided
+//! here.
 
 use envoy_types::pb::envoy::config::accesslog::v3::{AccessLog, access_log};
 use envoy_types::pb::envoy::config::cluster::v3::{
@@ -48,11 +50,14 @@ use envoy_types::pb::google::protobuf::{
 };
 use prost::{Message, Name};
 
-use halo_envoy_config::credentials::{self, AttemptTarget, SecretDelivery, TargetCredential};
+use halo_envoy_config::credentials::{self, AttemptTarget, SecretDelivery};
 use halo_envoy_config::tls::{San, UpstreamTls};
 
 use crate::cache::Resource;
-use crate::translate::{AggregatePlan, ListenerPlan, Plan, RoutePlan, ServicePlan, TargetPlan};
+use halo_envoy_config::plan::{
+    AggregatePlan, BY_ROUTE_HEADER, ListenerPlan, Plan, RoutePlan, SERVICE_CONNECT_TIMEOUT_SECONDS,
+    ServicePlan, TargetPlan,
+};
 
 use halo_envoy_config::names::METADATA_NAMESPACE;
 
@@ -108,21 +113,9 @@ pub fn resources(plan: &Plan) -> Vec<Resource> {
         });
     }
     for a in &plan.aggregates {
-        let targets: Vec<AttemptTarget> = a
-            .clusters
-            .iter()
-            .map(|c| {
-                let t = plan.targets.iter().find(|t| &t.name == c);
-                AttemptTarget {
-                    cluster: c.clone(),
-                    credential: t.map(|t| t.credential.clone()).unwrap_or_default(),
-                    headers: t.map(|t| t.headers.clone()).unwrap_or_default(),
-                }
-            })
-            .collect();
         out.push(Resource::new(
             &a.name,
-            &aggregate_cluster(a, plan.attempt_stage.as_deref(), &targets),
+            &aggregate_cluster(a, plan.attempt_stage.as_deref(), &plan.attempt_targets(a)),
         ));
     }
     for s in &plan.secrets {
@@ -204,22 +197,7 @@ pub fn target_cluster(t: &TargetPlan) -> Cluster {
 }
 
 fn target_cluster_without_endpoint(t: &TargetPlan) -> Cluster {
-    let discovery = if t.resolve {
-        DiscoveryType::LogicalDns
-    } else {
-        DiscoveryType::Static
-    };
-    let transport_socket = t.tls.as_ref().map(transport_socket);
     Cluster {
-        name: t.name.clone(),
-        cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery as i32)),
-        // A resolver setting: only a resolved cluster has one (as the bootstrap's).
-        dns_lookup_family: if t.resolve {
-            DnsLookupFamily::V4Preferred as i32
-        } else {
-            DnsLookupFamily::default() as i32
-        },
-        connect_timeout: Some(seconds(t.connect_timeout_seconds)),
         outlier_detection: Some(OutlierDetection {
             consecutive_5xx: Some(UInt32Value {
                 value: t.breaker.consecutive_failures,
@@ -229,7 +207,38 @@ fn target_cluster_without_endpoint(t: &TargetPlan) -> Cluster {
             max_ejection_percent: Some(UInt32Value { value: 100 }),
             ..OutlierDetection::default()
         }),
-        transport_socket,
+        ..one_endpoint_cluster(
+            &t.name,
+            t.resolve,
+            t.tls.as_ref(),
+            t.connect_timeout_seconds,
+        )
+    }
+}
+
+/// A one-endpoint cluster without its endpoint: logical DNS when `resolve` (with the
+/// address family, a resolver setting), else static; TLS as `tls` says.
+fn one_endpoint_cluster(
+    name: &str,
+    resolve: bool,
+    tls: Option<&UpstreamTls>,
+    connect_timeout_seconds: u32,
+) -> Cluster {
+    let discovery = if resolve {
+        DiscoveryType::LogicalDns
+    } else {
+        DiscoveryType::Static
+    };
+    Cluster {
+        name: name.to_string(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(discovery as i32)),
+        dns_lookup_family: if resolve {
+            DnsLookupFamily::V4Preferred as i32
+        } else {
+            DnsLookupFamily::default() as i32
+        },
+        connect_timeout: Some(seconds(connect_timeout_seconds)),
+        transport_socket: tls.map(transport_socket),
         ..Cluster::default()
     }
 }
@@ -322,7 +331,7 @@ pub fn aggregate_cluster(
             typed_config: Some(any(&config)),
         })),
         lb_policy: LbPolicy::ClusterProvided as i32,
-        connect_timeout: Some(seconds(5)),
+        connect_timeout: Some(seconds(SERVICE_CONNECT_TIMEOUT_SECONDS)),
         ..Cluster::default()
     }
 }
@@ -393,7 +402,7 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
         })
         .collect();
     routes.push(route(
-        halo_envoy_config::bootstrap::BY_ROUTE_HEADER,
+        BY_ROUTE_HEADER,
         Vec::new(),
         ClusterSpecifier::ClusterHeader(r.cluster_header.clone()),
         None,
@@ -423,9 +432,9 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             ..HttpFilter::default()
         });
     }
-    if let Some(name) = &l.filter_config_name {
+    if let Some(f) = &l.filter {
         http_filters.push(HttpFilter {
-            name: name.clone(),
+            name: f.name.clone(),
             config_type: Some(http_filter::ConfigType::ConfigDiscovery(
                 ExtensionConfigSource {
                     config_source: Some(ads()),
@@ -454,16 +463,17 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             route_config_name: l.route_config_name.clone(),
         })),
         stream_idle_timeout: Some(seconds(l.stream_idle_timeout_seconds)),
-        access_log: vec![AccessLog {
-            name: l.access_log["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            config_type: Some(access_log::ConfigType::TypedConfig(typed_struct(
-                &l.access_log["typed_config"],
-            ))),
-            ..AccessLog::default()
-        }],
+        access_log: l
+            .access_logs
+            .iter()
+            .map(|log| AccessLog {
+                name: log["name"].as_str().unwrap_or_default().to_string(),
+                config_type: Some(access_log::ConfigType::TypedConfig(typed_struct(
+                    &log["typed_config"],
+                ))),
+                ..AccessLog::default()
+            })
+            .collect(),
         http_filters,
         ..HttpConnectionManager::default()
     };
@@ -559,40 +569,29 @@ fn value_bytes(v: &serde_json::Value) -> Vec<u8> {
 
 /// A one-endpoint service cluster: the issuer's JWKS, the kill-list server.
 pub fn service_cluster(j: &ServicePlan) -> Cluster {
-    let target = TargetPlan {
-        name: j.cluster.clone(),
-        upstream: String::new(),
-        kind: String::new(),
-        model: String::new(),
-        host: j.host.clone(),
-        port: j.port,
-        resolve: j.host.parse::<std::net::IpAddr>().is_err(),
-        tls: j.tls.clone(),
-        connect_timeout_seconds: halo_envoy_config::bootstrap::SERVICE_CONNECT_TIMEOUT_SECONDS,
-        breaker: crate::translate::Breaker::default(),
-        metadata: Vec::new(),
-        credential: TargetCredential::None,
-        headers: Vec::new(),
-        credential_summary: String::new(),
-    };
-    let mut c = target_cluster_without_endpoint(&target);
-    c.outlier_detection = None;
-    c.load_assignment = Some(ClusterLoadAssignment {
-        cluster_name: j.cluster.clone(),
-        endpoints: vec![LocalityLbEndpoints {
-            lb_endpoints: vec![LbEndpoint {
-                host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
-                    address: Some(socket(&j.host, j.port)),
-                    hostname: j.host.clone(),
-                    ..Endpoint::default()
-                })),
-                ..LbEndpoint::default()
+    Cluster {
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: j.cluster.clone(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                        address: Some(socket(&j.host, j.port)),
+                        hostname: j.host.clone(),
+                        ..Endpoint::default()
+                    })),
+                    ..LbEndpoint::default()
+                }],
+                ..LocalityLbEndpoints::default()
             }],
-            ..LocalityLbEndpoints::default()
-        }],
-        ..ClusterLoadAssignment::default()
-    });
-    c
+            ..ClusterLoadAssignment::default()
+        }),
+        ..one_endpoint_cluster(
+            &j.cluster,
+            j.resolve,
+            j.tls.as_ref(),
+            j.connect_timeout_seconds,
+        )
+    }
 }
 
 /// A key's Secret resource (SDS over ADS): a reference to the env variable or file,

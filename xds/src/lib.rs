@@ -1,8 +1,9 @@
 //! halo-xds: compiled policy -> Envoy resources, a snapshot cache, and the ADS server.
 //!
-//! - [`translate`]: pure. A compiled [`halo_policy::Snapshot`] plus [`GatewaySettings`]
-//!   -> a [`translate::Plan`] (every decision, serializable, golden-tested) -> Envoy
-//!   resources ([`envoy`]).
+//! - [`envoy`]: pure. The gateway [`Plan`] (halo-envoy-config's `plan`: a compiled
+//!   [`halo_policy::Snapshot`] plus [`GatewaySettings`] -> every decision, serializable,
+//!   golden-tested; the standalone bootstrap emits the same plan as JSON) -> Envoy
+//!   resources, one to one.
 //! - [`cache`]: [`SnapshotCache`], versioned resource sets per type URL and node, and the
 //!   status view (per node: last sent, last ACKed, last NACK with Envoy's reason).
 //! - [`server`]: state-of-the-world ADS over tonic ([`serve`], or [`server::service`] to
@@ -34,20 +35,19 @@ pub mod envoy;
 pub mod metrics;
 pub mod server;
 pub mod source;
-pub mod translate;
 
 pub use cache::{NodeKey, NodeStatus, Resource, Snapshot, SnapshotCache, TypeStatus, type_url};
+pub use halo_envoy_config::plan::{GatewaySettings, Plan, PlanError, plan};
 pub use metrics::Metrics;
 pub use server::{ServeError, serve, serve_with_shutdown};
 pub use source::{PolicySource, Served, SourceStatus, Transform};
-pub use translate::{FILTER_CONFIG_NAME, GatewaySettings, Plan, TranslateError, plan};
 
 /// Translate `compiled` under `settings` into a cache snapshot whose version is the
 /// compiled snapshot's version (sha256 of its bytes) and the settings'.
 pub fn snapshot_of(
     compiled: &halo_policy::Snapshot,
     settings: &GatewaySettings,
-) -> Result<Snapshot, TranslateError> {
+) -> Result<Snapshot, PlanError> {
     snapshot_with_kill_list(compiled, settings, None)
 }
 
@@ -58,26 +58,12 @@ pub fn snapshot_with_kill_list(
     compiled: &halo_policy::Snapshot,
     settings: &GatewaySettings,
     kill_list: Option<&str>,
-) -> Result<Snapshot, TranslateError> {
+) -> Result<Snapshot, PlanError> {
     let plan = plan(compiled, settings)?;
     let mut resources = envoy::resources(&plan);
-    let mut filter_settings = settings.filter_settings.clone();
-    if let (Some(ks), Some(m)) = (&plan.listener.killswitch, filter_settings.as_object_mut()) {
-        let entry = m
-            .entry("killSwitch")
-            .or_insert_with(|| serde_json::json!({}));
-        entry["cluster"] = serde_json::json!(ks.cluster);
-        entry["url"] = serde_json::json!(ks.uri);
-    }
-    let mut configuration =
-        halo_envoy_config::bootstrap::filter_configuration(compiled, &filter_settings);
-    if let Some(envelope) = kill_list {
-        configuration["killList"] = serde_json::Value::String(envelope.to_string());
-    }
-    let filter =
-        halo_envoy_config::bootstrap::halo_filter_with(&settings.wasm_path, &configuration);
-    if let Some(name) = &plan.listener.filter_config_name {
-        resources.push(envoy::filter_config(name, &filter));
+    if let Some(f) = &plan.listener.filter {
+        let filter = halo_envoy_config::bootstrap::planned_filter(f, compiled, kill_list);
+        resources.push(envoy::filter_config(&f.name, &filter));
     }
     let settings_json = serde_json::to_vec(settings).unwrap_or_default();
     let version = format!(
