@@ -62,6 +62,15 @@ pub struct BootstrapArgs {
     /// Allow a plain-http kill-list URL to an in-cluster service.
     #[arg(long)]
     killswitch_allow_insecure_in_cluster: bool,
+    /// halo-server's OTLP gateway receiver (spec :4319, e.g. https://halo-server:4319):
+    /// Envoy's OpenTelemetry access logger sends it one evidence record per decided model
+    /// call. Needs --evidence-token-file.
+    #[arg(long, value_name = "URL", requires = "evidence_token_file")]
+    evidence_url: Option<String>,
+    /// File holding the OTLP gateway token (halo-server's --otlp-gateway-token-file),
+    /// sent as gRPC metadata; written into the bootstrap, which is then created mode 0600.
+    #[arg(long, value_name = "FILE", requires = "evidence_url")]
+    evidence_token_file: Option<PathBuf>,
     /// Route callers whose token fails verification anonymously (ring unknown).
     #[arg(long)]
     allow_unverified: bool,
@@ -241,11 +250,12 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
     }
     .with_filter_settings(settings)
     .context("the gateway settings")?;
-    let opts = Standalone {
+    let mut opts = Standalone {
         gateway,
         admin_address,
         admin_port,
         secrets_dir: args.secrets_dir.as_ref().map(|d| d.display().to_string()),
+        evidence: None,
     };
     // Policy credentials the bootstrap cannot use (a key for a host that may not get one,
     // a bedrock host outside AWS and signHosts...): said now, and in the file's header.
@@ -276,6 +286,22 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
     }
     for w in &warnings {
         eprintln!("halo: warning: {w}");
+    }
+    if let (Some(url), Some(token_file)) = (&args.evidence_url, &args.evidence_token_file) {
+        let token = read(token_file, "OTLP gateway token file")?
+            .trim()
+            .to_string();
+        if token.is_empty() {
+            return Err(Failure::Error(anyhow::anyhow!(
+                "--evidence-token-file {} is empty",
+                token_file.display()
+            )));
+        }
+        opts.evidence = Some(halo_envoy_config::evidence::Export {
+            url: url.clone(),
+            token,
+        });
+        secret = true;
     }
     let source = args.policy_dir.display().to_string();
     let yaml =

@@ -37,6 +37,10 @@ pub struct Standalone {
     /// ([`standalone_secret_files`] gives their contents): a rotated key file is then used
     /// without a restart. `None`: static secrets, read once when Envoy starts.
     pub secrets_dir: Option<String>,
+    /// Where Envoy sends one evidence record per decided model call (halo-server's
+    /// gateway receiver and its token); `None`: no export. Standalone only for now: the
+    /// xDS translator does not render it yet.
+    pub evidence: Option<crate::evidence::Export>,
 }
 
 impl Standalone {
@@ -449,11 +453,11 @@ pub const STRIP_CUSTOM_STAT_PREFIX: &str =
 
 /// The whole standalone bootstrap.
 pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, PlanError> {
-    Ok(emit(snap, &opts.plan(snap)?, opts))
+    emit(snap, &opts.plan(snap)?, opts)
 }
 
 /// [`Plan`] as the standalone bootstrap.
-fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Value {
+fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanError> {
     let l = &plan.listener;
     let mut clusters: Vec<Value> = plan.targets.iter().map(target_cluster).collect();
     clusters.extend(
@@ -473,6 +477,15 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Value {
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
     }));
+
+    let mut access_logs = l.access_logs.clone();
+    if let Some(export) = &opts.evidence {
+        clusters.push(crate::evidence::cluster(
+            &export.url,
+            &opts.gateway.upstream_ca_file,
+        )?);
+        access_logs.push(crate::evidence::access_log(export));
+    }
     let hcm = json!({
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -480,7 +493,7 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Value {
             "stat_prefix": l.name,
             "codec_type": "AUTO",
             "stream_idle_timeout": format!("{}s", l.stream_idle_timeout_seconds),
-            "access_log": l.access_logs,
+            "access_log": access_logs,
             "route_config": {
                 "name": plan.route.name,
                 "virtual_hosts": [{
@@ -512,7 +525,7 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Value {
         // References to where each key is read (env or file), never a value.
         doc["static_resources"]["secrets"] = Value::Array(plan.secrets.clone());
     }
-    doc
+    Ok(doc)
 }
 
 /// With [`Standalone::secrets_dir`]: the SDS files the bootstrap reads its provider keys'

@@ -622,6 +622,8 @@ pub struct GatewayOptions {
     pub jwks_uri: Option<String>,
     /// Run Envoy (one worker) under callgrind, to count instructions per request.
     pub callgrind: bool,
+    /// Export evidence to this receiver (halo-server's gateway receiver and its token).
+    pub evidence: Option<halo_envoy_config::evidence::Export>,
 }
 
 impl Default for GatewayOptions {
@@ -637,6 +639,7 @@ impl Default for GatewayOptions {
             upstream_ca_file: None,
             jwks_uri: None,
             callgrind: false,
+            evidence: None,
         }
     }
 }
@@ -682,6 +685,7 @@ impl Gateway {
             admin_address: "127.0.0.1".into(),
             admin_port: admin,
             secrets_dir: opts.secrets_dir.as_ref().map(|d| d.display().to_string()),
+            evidence: opts.evidence,
         };
         if let Some(dir) = &opts.secrets_dir {
             for (name, text) in

@@ -170,6 +170,7 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
             admin_address: "127.0.0.1".into(),
             admin_port: 2,
             secrets_dir: None,
+            evidence: None,
         },
     )
     .expect("renders")

@@ -1,0 +1,314 @@
+//! Evidence end to end, in one Envoy (the build `HALO_FILTER` selects; scripts/test.sh
+//! runs this binary with both): the filter accounts each decided model call, Envoy's
+//! OpenTelemetry access logger sends one OTLP record per call to a real halo-server
+//! gateway receiver (in-process, its embedded store), with the gateway token as gRPC
+//! metadata. A JSON call, an SSE call, a Bedrock event-stream call and a failover call
+//! each land as exactly one record with the tokens the client saw, the cost from the
+//! policy's prices and the attempts Envoy made; Envoy's Prometheus counts the same
+//! tokens and cost by ring, variant and upstream.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use halo_e2e::*;
+use halo_evidence::Source;
+use halo_providers::eventstream::Decoder;
+use halo_server::evidence::EvidenceSettings;
+use halo_testkit::provider::WireProvider;
+use halo_testkit::wait_until;
+use serde_json::{Value, json};
+
+const GATEWAY_TOKEN: &str = "5f0e1d2c3b4a59687766554433221100ffeeddccbbaa99887766554433221100";
+const USER: &str = "erin@acme.test";
+
+/// USD per million tokens of the served models (upstream wire); `opus` on bedrock has
+/// no price, so its cost is unknown.
+const SONNET: (f64, f64) = (3.0, 15.0);
+
+/// One stored record, as the store's table holds it.
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    source: String,
+    ring: String,
+    alias: String,
+    upstream: String,
+    model: String,
+    target: String,
+    attempts: i64,
+    status: i64,
+    ttfb_ms: Option<f64>,
+    duration_ms: Option<f64>,
+    input: Option<i64>,
+    output: Option<i64>,
+    cost: Option<f64>,
+    complete: bool,
+    unit: String,
+}
+
+fn rows(db: &std::path::Path) -> Vec<Row> {
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return Vec::new();
+    };
+    let Ok(mut q) = conn.prepare(
+        "SELECT source, ring, alias, upstream, model, target, attempts, status, ttfb_ms, \
+         duration_ms, input_tokens, output_tokens, cost_usd, complete, unit FROM evidence ORDER BY id",
+    ) else {
+        return Vec::new();
+    };
+    q.query_map([], |r| {
+        Ok(Row {
+            source: r.get(0)?,
+            ring: r.get(1)?,
+            alias: r.get(2)?,
+            upstream: r.get(3)?,
+            model: r.get(4)?,
+            target: r.get(5)?,
+            attempts: r.get(6)?,
+            status: r.get(7)?,
+            ttfb_ms: r.get(8)?,
+            duration_ms: r.get(9)?,
+            input: r.get(10)?,
+            output: r.get(11)?,
+            cost: r.get(12)?,
+            complete: r.get::<_, i64>(13)? != 0,
+            unit: r.get(14)?,
+        })
+    })
+    .map(|it| it.filter_map(Result::ok).collect())
+    .unwrap_or_default()
+}
+
+/// The record of the call to `alias`, once it is stored (exactly one).
+fn record(db: &std::path::Path, alias: &str) -> Row {
+    let found = wait_until(
+        &format!("the record of the {alias} call"),
+        Duration::from_secs(20),
+        || {
+            let of: Vec<Row> = rows(db).into_iter().filter(|r| r.alias == alias).collect();
+            (!of.is_empty()).then_some(of)
+        },
+    );
+    assert_eq!(found.len(), 1, "one record per call: {found:?}");
+    found.into_iter().next().expect("one")
+}
+
+/// Anthropic usage (input, output) of an SSE answer: message_start's input,
+/// message_delta's output.
+fn sse_usage(text: &str) -> (i64, i64) {
+    let mut usage = (0, 0);
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        usage = event_usage(&v, usage);
+    }
+    usage
+}
+
+fn event_usage(v: &Value, (input, output): (i64, i64)) -> (i64, i64) {
+    let start = &v["message"]["usage"];
+    let delta = &v["usage"];
+    (
+        start["input_tokens"].as_i64().unwrap_or(input),
+        delta["output_tokens"]
+            .as_i64()
+            .or(start["output_tokens"].as_i64())
+            .unwrap_or(output),
+    )
+}
+
+/// The same of an AWS event stream answer (Anthropic events in `chunk` frames).
+fn event_stream_usage(bytes: &[u8]) -> (i64, i64) {
+    let mut decoder = Decoder::new();
+    let mut usage = (0, 0);
+    for frame in decoder.feed(bytes).expect("an event stream") {
+        let chunk: Value = serde_json::from_slice(&frame.payload).expect("chunk json");
+        let event = base64::engine::general_purpose::STANDARD
+            .decode(chunk["bytes"].as_str().expect("bytes"))
+            .expect("base64");
+        usage = event_usage(&serde_json::from_slice(&event).expect("event"), usage);
+    }
+    usage
+}
+
+fn cost((input, output): (i64, i64), (pin, pout): (f64, f64)) -> f64 {
+    (input as f64 * pin + output as f64 * pout) / 1e6
+}
+
+fn assert_served(r: &Row, alias: &str, model: &str, usage: (i64, i64), attempts: i64) {
+    assert_eq!(r.source, "gateway", "stamped by the receiver");
+    assert_eq!((r.ring.as_str(), r.alias.as_str()), ("general", alias));
+    assert_eq!((r.upstream.as_str(), r.model.as_str()), ("wire", model));
+    assert!(r.target.starts_with("t~wire~"), "{r:?}");
+    assert_eq!((r.status, r.attempts), (200, attempts), "{r:?}");
+    assert_eq!((r.input, r.output), (Some(usage.0), Some(usage.1)), "{r:?}");
+    assert!(r.complete, "{r:?}");
+    assert!(r.ttfb_ms.is_some() && r.duration_ms.is_some(), "{r:?}");
+    assert_eq!(r.unit.len(), 32);
+    assert!(!r.unit.contains("erin"), "never the subject");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_prometheus() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("otlp-gateway.token");
+    std::fs::write(&token_file, GATEWAY_TOKEN).expect("token file");
+    let settings = EvidenceSettings {
+        gateway_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        gateway_token_file: Some(token_file),
+        ..EvidenceSettings::default()
+    };
+    let receivers = halo_server::evidence::start(&settings, Some(dir.path()))
+        .await
+        .expect("receivers")
+        .expect("a receiver");
+    let receiver = receivers.addr(Source::Gateway).expect("gateway receiver");
+    let db = dir.path().join("evidence.db");
+
+    let issuer = Issuer::start().await;
+    let wire = WireProvider::start(false).await.expect("wire provider");
+    let down = Provider::behaving("down", Behaviour::Status(503)).await;
+    let t = |up: &str, model: &str| json!({"upstream": up, "model": model});
+    let snapshot = json!({
+        "schema": 1, "org": "test-org",
+        "identity": {"issuer": issuer.url, "audience": AUDIENCE, "claims": {"user": "email", "groups": "groups"}},
+        "protocols": {"claude-code": "anthropic-messages", "codex": "openai-responses", "gemini-cli": "gemini"},
+        "upstreams": {
+            "wire": {"url": wire.url(), "kind": "anthropic"},
+            "bedrock": {"url": wire.url(), "kind": "bedrock"},
+            "down": {"url": down.url, "kind": "anthropic"},
+        },
+        "models": {
+            "sonnet": [t("wire", "claude-sonnet-4-5")],
+            "stream": [t("wire", "claude-sonnet-4-5")],
+            "opus": [t("bedrock", "anthropic.claude-opus-4-1")],
+            "after": [t("wire", "claude-sonnet-4-5")],
+            "fo": [t("down", "claude-sonnet-4-5"),
+                   {"upstream": "wire", "model": "claude-sonnet-4-5", "priority": 1}],
+        },
+        "rings": [{"name": "general", "order": 9, "membership": {"default": true}}],
+        "experiments": [], "toggles": [],
+        "prices": {"wire": {"claude-sonnet-4-5": {"input": SONNET.0, "output": SONNET.1}}},
+    });
+    let snapshot =
+        halo_policy::Snapshot::from_bytes(snapshot.to_string().as_bytes()).expect("snapshot");
+    let gw = tokio::task::block_in_place(|| {
+        Gateway::start(
+            snapshot,
+            GatewayOptions {
+                evidence: Some(halo_envoy_config::evidence::Export {
+                    url: format!("http://{receiver}"),
+                    token: GATEWAY_TOKEN.into(),
+                }),
+                ..GatewayOptions::default()
+            },
+        )
+    });
+    let auth = bearer(&issuer.token(USER, &[]));
+    let headers = [("authorization", auth.as_str())];
+    let content = "one two three four five";
+
+    // A JSON answer.
+    let body = json!({"model": "sonnet", "max_tokens": 64, "messages": [{"role": "user", "content": content}]});
+    let a = gw.post("/v1/messages", &headers, &body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let u = &a.json()["usage"];
+    let json_usage = (
+        u["input_tokens"].as_i64().expect("input"),
+        u["output_tokens"].as_i64().expect("output"),
+    );
+    let r = record(&db, "sonnet");
+    assert_served(&r, "sonnet", "claude-sonnet-4-5", json_usage, 1);
+    let want = cost(json_usage, SONNET);
+    assert!(r.cost.is_some_and(|c| (c - want).abs() < 1e-12), "{r:?}");
+
+    // An SSE answer: usage from message_start and message_delta.
+    let body = json!({"model": "stream", "max_tokens": 64, "stream": true,
+                      "messages": [{"role": "user", "content": content}]});
+    let a = gw.post("/v1/messages", &headers, &body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let sse = sse_usage(&a.text());
+    assert!(sse.1 > 1, "the final output count: {sse:?}");
+    let r = record(&db, "stream");
+    assert_served(&r, "stream", "claude-sonnet-4-5", sse, 1);
+    assert!(
+        r.cost
+            .is_some_and(|c| (c - cost(sse, SONNET)).abs() < 1e-12)
+    );
+
+    // A Bedrock event stream, passed to the Bedrock client as it is: its model has no
+    // price, so its cost is unknown (never 0).
+    let body = json!({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 64,
+                      "messages": [{"role": "user", "content": content}]});
+    let a = gw
+        .post("/model/opus/invoke-with-response-stream", &headers, &body)
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        a.header("content-type"),
+        Some("application/vnd.amazon.eventstream")
+    );
+    let es = event_stream_usage(&a.body);
+    let r = record(&db, "opus");
+    assert_eq!(
+        (r.upstream.as_str(), r.model.as_str()),
+        ("bedrock", "anthropic.claude-opus-4-1")
+    );
+    assert_eq!(
+        (r.input, r.output, r.complete),
+        (Some(es.0), Some(es.1), true)
+    );
+    assert_eq!(r.cost, None, "no price: unknown");
+
+    // Failover: the first target answers 503, Envoy's second attempt is served.
+    let body = json!({"model": "fo", "max_tokens": 64, "messages": [{"role": "user", "content": content}]});
+    let a = gw.post("/v1/messages", &headers, &body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        down.count(),
+        1,
+        "the first attempt went to the failing target"
+    );
+    let u = &a.json()["usage"];
+    let fo_usage = (
+        u["input_tokens"].as_i64().expect("input"),
+        u["output_tokens"].as_i64().expect("output"),
+    );
+    let r = record(&db, "fo");
+    assert_served(&r, "fo", "claude-sonnet-4-5", fo_usage, 2);
+
+    // One record per call, nothing else: a refusal is not evidence (Envoy logs in order,
+    // so once the next call's record is in, the refusal's would be too).
+    let refused = gw.post("/v1/messages", &[], &body).await;
+    assert_eq!(refused.status, 401);
+    let body = json!({"model": "after", "max_tokens": 64, "messages": [{"role": "user", "content": content}]});
+    assert_eq!(gw.post("/v1/messages", &headers, &body).await.status, 200);
+    record(&db, "after");
+    assert_eq!(rows(&db).len(), 5);
+    let after = rows(&db).into_iter().last().expect("after");
+    let after_usage = (after.input.expect("input"), after.output.expect("output"));
+
+    // Envoy's Prometheus: the same tokens and cost, by ring, variant and upstream (the
+    // native build hands its counts over once a second).
+    let wire_input = json_usage.0 + sse.0 + fo_usage.0 + after_usage.0;
+    let series = "halo_tokens{halo_ring=\"general\",halo_variant=\"none\",halo_upstream=\"wire\",halo_kind=\"input\"}";
+    wait_until("the token counters", Duration::from_secs(10), || {
+        (gw.prometheus_sum(series) == u64::try_from(wire_input).ok()?).then_some(())
+    });
+    let micros = ((cost(json_usage, SONNET) * 1e6).round()
+        + (cost(sse, SONNET) * 1e6).round()
+        + (cost(fo_usage, SONNET) * 1e6).round()
+        + (cost(after_usage, SONNET) * 1e6).round()) as u64;
+    assert_eq!(
+        gw.prometheus_sum(
+            "halo_cost_micro_usd{halo_ring=\"general\",halo_variant=\"none\",halo_upstream=\"wire\"}"
+        ),
+        micros
+    );
+    assert_eq!(
+        gw.prometheus_sum("halo_cost_micro_usd{halo_ring=\"general\",halo_variant=\"none\",halo_upstream=\"bedrock\"}"),
+        0,
+        "an unknown cost adds nothing"
+    );
+    receivers.shutdown().await;
+}
