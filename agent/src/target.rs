@@ -131,8 +131,7 @@ fn check_component(path: &Path, want_dir: bool) -> Result<(), TargetError> {
 
 #[cfg(unix)]
 fn own_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 #[cfg(test)]

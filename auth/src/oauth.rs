@@ -315,10 +315,10 @@ impl Client {
             .map_err(|e| Error::Config(e.to_string()))?
             .port();
         let redirect_uri = format!("http://127.0.0.1:{port}/callback");
-        let verifier = random_b64(32);
+        let verifier = random_b64(32)?;
         let challenge = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .encode(sha2::Sha256::digest(verifier.as_bytes()));
-        let state = random_b64(16);
+        let state = random_b64(16)?;
         let query = form_urlencoded::Serializer::new(String::new())
             .append_pair("response_type", "code")
             .append_pair("client_id", client_id)
@@ -439,11 +439,13 @@ fn unreachable_err(url: &str, err: &reqwest::Error) -> Error {
     }
 }
 
-fn random_b64(bytes: usize) -> String {
+/// `bytes` random bytes, base64url. Without system randomness there is no safe login:
+/// the login stops there.
+fn random_b64(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
-    // Without system randomness there is no safe login; this cannot be worked around.
-    getrandom::fill(&mut buf).expect("system randomness");
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(buf)
+    getrandom::fill(&mut buf)
+        .map_err(|e| Error::Config(format!("no system randomness for the login: {e}")))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(buf))
 }
 
 /// Serve one request on the loopback listener: the redirect to `/callback` gets a page

@@ -11,6 +11,10 @@
 //! line putting `halo auth token`'s output in GEMINI_API_KEY, and the real Codex with the
 //! token as its provider's auth command; each refreshes an expired login token.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -2,6 +2,10 @@
 //! gateway receiver got OTLP records (the per-variant table: n, mean, interval; and
 //! `--json`), and `halo controller status` / `halo rollout status` after a controller tick.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../control-plane/tests/support/mod.rs"]
 mod support;
 

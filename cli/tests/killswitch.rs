@@ -1,6 +1,10 @@
 //! `halo kill`, `halo unkill` and `halo killswitch status` against a real halo-server on
 //! loopback, authenticated by a JWT from the fake OIDC issuer.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../control-plane/tests/support/mod.rs"]
 mod support;
 

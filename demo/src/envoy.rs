@@ -60,6 +60,28 @@ pub struct EnvoyProcess {
 pub const DEMO_AWS_ACCESS_KEY: &str = "AKIDHALOSDEMO0000000";
 pub const DEMO_AWS_SECRET_KEY: &str = "halos/demo/secret/key/not/a/real/one/0000";
 
+/// If halo-demo dies without running its destructors (SIGKILL, a test harness timing
+/// out), the kernel sends the child SIGTERM instead of leaving it behind.
+#[cfg(target_os = "linux")]
+#[allow(
+    unsafe_code,
+    reason = "a pre-exec hook is unsafe by contract; std has no parent-death signal"
+)]
+fn end_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: the hook makes one async-signal-safe call (prctl) that touches only the
+    // child being spawned, and allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn end_with_parent(_command: &mut Command) {}
+
 impl EnvoyProcess {
     /// Write the bootstrap and start Envoy on it (one worker thread: it is a demo).
     pub fn spawn(bootstrap: &str, admin: SocketAddr) -> anyhow::Result<EnvoyProcess> {
@@ -73,21 +95,7 @@ impl EnvoyProcess {
         let log =
             std::fs::File::create(dir.path().join("envoy.log")).context("creating Envoy's log")?;
         let mut command = Command::new(&binary);
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt as _;
-            // SAFETY: prctl is async-signal-safe and touches only the child being spawned.
-            // If halo-demo dies without running its destructors (SIGKILL, a test harness
-            // timing out), the kernel sends Envoy SIGTERM instead of leaving it behind.
-            unsafe {
-                command.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
+        end_with_parent(&mut command);
         // Bedrock upstreams are signed with the demo's key pair (the demo provider
         // verifies it), and with nothing else: the AWS chain sees only these.
         let demo_key = Some((DEMO_AWS_ACCESS_KEY, DEMO_AWS_SECRET_KEY));

@@ -4,6 +4,10 @@
 //! and no token gets a 401; Ctrl-C (SIGINT) stops it cleanly and takes Envoy down.
 //! `--once` does the same checks itself and exits 0.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;

@@ -6,6 +6,10 @@
 //! --killswitch-url https://halo-server.acme.internal/api/v1/gateway/killswitch
 //! --killswitch-token-file ... --killswitch-pubkey ...`, with placeholders).
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 
 use halo_envoy_config::bootstrap::{Standalone, standalone_yaml};

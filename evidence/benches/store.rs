@@ -13,6 +13,10 @@
 //! figure is an upper bound for a durable server); SQLite is a file in a temp dir with the
 //! store's own settings (WAL, synchronous=FULL).
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use halo_evidence::postgres::PgStore;

@@ -1,6 +1,10 @@
 //! One suite, both backends: every test body takes a `&dyn Store` and runs against the
 //! embedded SQLite store and a real PostgreSQL (testkit, a database per test).
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use halo_evidence::postgres::PgStore;
 use halo_evidence::sqlite::SqliteStore;
 use halo_evidence::{Metric, Record, Sample, SampleQuery, Source, Stamped, Store};

@@ -15,6 +15,10 @@
 //! - [`plugin`]: a filter configuration, its counters and the kill-list poller.
 
 pub mod body_edit;
+#[allow(
+    unsafe_code,
+    reason = "Envoy's dynamic-module ABI: the C declarations, the calls made safe and the exported hooks; every unsafe block says why it is sound"
+)]
 pub mod ffi;
 pub mod host;
 pub mod plugin;

@@ -3,6 +3,12 @@
 //! `policy/examples/v8_probe.mjs` times them under node (V8). Run with
 //! the commands in BENCHMARKS.md ("Body probe (policy)").
 
+// A wasm module's exports are unmangled C functions taking the body by pointer.
+#![allow(unsafe_code)]
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/reference/serde_probe.rs"]
 mod serde_probe;
 

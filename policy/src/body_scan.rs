@@ -232,6 +232,10 @@ use swar::{BITS_PER_BYTE, CHUNK, chunk_specials, window_specials};
 /// wasm with simd128 (the filter's build): 16 bytes per step, three compares and a bitmask,
 /// which V8 maps to SSE/NEON. Measured 2.5x faster than the word loop on long strings there.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[allow(
+    unsafe_code,
+    reason = "the SIMD scanner: vector loads of a fixed-size window, each block says why it is in bounds"
+)]
 mod simd128 {
     use core::arch::wasm32::*;
 
@@ -280,6 +284,10 @@ mod simd128 {
 /// Native x86_64 (SSE2 is part of the baseline): the same 16-byte step. The word loop
 /// below ran out of registers for its four constants there.
 #[cfg(target_arch = "x86_64")]
+#[allow(
+    unsafe_code,
+    reason = "the SIMD scanner: SSE2 intrinsics on a fixed-size window, each block says why it is sound"
+)]
 mod sse2 {
     use core::arch::x86_64::*;
 

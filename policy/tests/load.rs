@@ -1,3 +1,6 @@
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![cfg(feature = "load")]
 //! The strict loader: what loads, and that every problem names its file, document and field.
 

@@ -1,5 +1,9 @@
 //! Golden tests: one per upstream kind and client wire, plus the refusals.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use halo_policy::admit::{ModelCall, ModelLocation, Operation};
 use halo_policy::{Upstream, UpstreamKind, WireProtocol};
 use halo_providers::{Dropped, Inbound, Outbound, ResponseConversion, Skip, translate};

@@ -14,7 +14,7 @@ pub fn pin_process(pid: u32, cpu: usize) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-            let tid: libc::pid_t = task?
+            let tid: i32 = task?
                 .file_name()
                 .to_str()
                 .and_then(|t| t.parse().ok())
@@ -34,28 +34,19 @@ pub fn pin_process(pid: u32, cpu: usize) -> io::Result<()> {
 }
 
 #[cfg(target_os = "linux")]
-fn pin_thread(tid: libc::pid_t, cpu: usize) -> io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
+fn pin_thread(tid: i32, cpu: usize) -> io::Result<()> {
+    use rustix::thread::{CpuSet, sched_setaffinity};
+    if cpu >= CpuSet::MAX_CPU {
         return Err(io::Error::other(format!("no CPU {cpu}")));
     }
-    // SAFETY: `set` is a plain bit set owned here; CPU_ZERO/CPU_SET write inside it (the
-    // index is checked above) and sched_setaffinity only reads it.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        let e = io::Error::last_os_error();
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    let pid = rustix::process::Pid::from_raw(tid).ok_or_else(|| io::Error::other("thread id 0"))?;
+    match sched_setaffinity(Some(pid), &set) {
+        Ok(()) => Ok(()),
         // A thread that exited between the listing and the call is not an error.
-        if e.raw_os_error() == Some(libc::ESRCH) {
-            Ok(())
-        } else {
-            Err(e)
-        }
+        Err(e) if e == rustix::io::Errno::SRCH => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -65,17 +56,10 @@ fn pin_thread(tid: libc::pid_t, cpu: usize) -> io::Result<()> {
 pub fn allowed() -> io::Result<Vec<usize>> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: `set` is a plain bit set owned here; sched_getaffinity writes at most
-        // its size, and CPU_ISSET reads inside it (indices below CPU_SETSIZE).
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok((0..libc::CPU_SETSIZE as usize)
-                .filter(|&cpu| libc::CPU_ISSET(cpu, &set))
-                .collect())
-        }
+        let set = rustix::thread::sched_getaffinity(None)?;
+        Ok((0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&cpu| set.is_set(cpu))
+            .collect())
     }
     #[cfg(not(target_os = "linux"))]
     {

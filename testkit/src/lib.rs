@@ -10,6 +10,10 @@
 //! `postgres` one PostgreSQL per test process with a database per test ([`postgres`]).
 //! [`harness`] finds the pinned real coding tools and runs one with a release's files.
 
+// Test support, used only by tests: a step that cannot be done fails the test that
+// asked for it, with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod cpu;
 pub mod envoy;
 #[cfg(feature = "es256")]

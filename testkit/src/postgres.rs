@@ -74,11 +74,7 @@ pub fn bin_dir() -> PathBuf {
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    #[cfg(target_os = "linux")]
-    return unsafe { libc::geteuid() } == 0;
-    #[cfg(not(target_os = "linux"))]
-    return false;
+    rustix::process::geteuid().is_root()
 }
 
 /// `program` as the unprivileged user when the tests run as root, killed when the thread
@@ -91,6 +87,24 @@ fn unprivileged(program: &Path) -> Command {
     c.arg("--pdeathsig=KILL").arg(program);
     c
 }
+
+/// Stop the shared server when the test process exits: it outlives every test (a
+/// static), and no destructor of a static runs.
+#[cfg(target_os = "linux")]
+#[allow(
+    unsafe_code,
+    reason = "libc's atexit, which std does not wrap, is the only hook at process exit"
+)]
+fn register_stop_at_exit() {
+    // SAFETY: registering a plain extern "C" function that takes nothing; it runs once at
+    // exit.
+    unsafe {
+        libc::atexit(stop_at_exit);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn register_stop_at_exit() {}
 
 extern "C" fn stop_at_exit() {
     if let Some(server) = SERVER.get() {
@@ -181,11 +195,7 @@ fn start() -> Server {
             Some(())
         },
     );
-    // SAFETY: registering a plain extern "C" function; it runs once at exit.
-    #[cfg(target_os = "linux")]
-    unsafe {
-        libc::atexit(stop_at_exit);
-    }
+    register_stop_at_exit();
     Server {
         port,
         bin,

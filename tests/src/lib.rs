@@ -14,6 +14,10 @@
 //! - [`bedrock::FakeBedrock`]: a Bedrock runtime that recomputes every SigV4 signature with
 //!   `aws-sigv4` and refuses mismatches.
 
+// Test support, used only by tests: a step that cannot be done fails the test that
+// asked for it, with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod bedrock;
 pub mod tls;
 pub mod xds;

@@ -8,6 +8,10 @@
 //! mechanism on its own. The chain built below is the shape docs/ARCHITECTURE.md
 //! ("Per-attempt credentials") describes.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::Duration;
 

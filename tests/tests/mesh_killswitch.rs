@@ -13,6 +13,10 @@
 //! (`killSwitch.tokenEnv: HALO_GATEWAY_TOKEN`, listed in the VM's host_env_keys), the
 //! test exports it to Envoy's environment, and the filter reads it from the VM's.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use halo_e2e::*;
@@ -113,11 +117,10 @@ async fn a_kill_reaches_the_filter_rendered_for_istio_through_the_outbound_clust
     );
     assert_eq!(wasm["config"]["allow_on_headers_stop_iteration"], true);
 
-    // 2. The stand-in for istio-agent (see the module docs), and the token exported.
+    // 2. The stand-in for istio-agent (see the module docs).
     wasm["config"]["vm_config"]["code"] = json!({"local": {
         "filename": halo_testkit::filter_wasm().display().to_string(),
     }});
-    export_gateway_token();
 
     let cluster = halo_envoy_config::bootstrap::service_cluster(
         &halo_envoy_config::plan::ServicePlan::new(
@@ -173,7 +176,15 @@ async fn kill_reaches_routing(
         .expect("clusters")
         .push(cluster);
     let yaml = halo_envoy_config::yaml::to_yaml(&doc);
-    let envoy = tokio::task::block_in_place(|| halo_testkit::envoy::Envoy::start(&yaml, admin));
+    let envoy = tokio::task::block_in_place(|| {
+        // The gateway token in Envoy's environment, which it passes to the plugin VM
+        // through the rendered `host_env_keys`: the filter reads `tokenEnv` itself.
+        halo_testkit::envoy::Envoy::start_with_env(
+            &yaml,
+            admin,
+            &[(GATEWAY_TOKEN_ENV, Some(KILL_TOKEN))],
+        )
+    });
 
     // A user in the canary arm of sonnet-canary.
     let user = (0..10_000)
@@ -279,7 +290,6 @@ async fn a_kill_reaches_the_filter_rendered_for_envoy_gateway_through_the_patche
         config["settings"]["killSwitch"]["tokenEnv"],
         GATEWAY_TOKEN_ENV
     );
-    export_gateway_token();
     let mut plugin = json!({
         "name": w["name"],
         "root_id": w["rootID"],
@@ -309,11 +319,4 @@ async fn a_kill_reaches_the_filter_rendered_for_envoy_gateway_through_the_patche
     let cluster = patch["spec"]["jsonPatches"][1]["operation"]["value"].clone();
     assert_eq!(cluster["name"], "halo-killswitch");
     kill_reaches_routing(&snap, &issuer, &kill, wasm, cluster, &issuer.url).await;
-}
-
-/// The gateway token in this process's environment, which Envoy inherits and passes to
-/// the plugin VM through the rendered `host_env_keys`: the filter reads `tokenEnv` itself.
-fn export_gateway_token() {
-    // SAFETY: set before Envoy starts; every test sets the same value.
-    unsafe { std::env::set_var(GATEWAY_TOKEN_ENV, KILL_TOKEN) };
 }

@@ -7,6 +7,10 @@
 //! - `upstreamHeaders`: an upstream's headers, `${VAR}` read from Envoy's environment,
 //!   reach that upstream's attempts and no other target's.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use halo_credentials::google::Source;
 use halo_credentials::refresh::Policy;
 use halo_credentials::run::{Refresher, SystemClock};

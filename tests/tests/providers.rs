@@ -4,6 +4,10 @@
 //! halo-envoy-config signs Bedrock attempts (SigV4, checked by a fake that recomputes the
 //! signature with aws-sigv4) and injects keys read from Envoy's environment.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use halo_e2e::bedrock::{ACCESS_KEY, FakeBedrock, SECRET_KEY, STREAM_EVENTS};
 use halo_e2e::{Behaviour, Gateway, GatewayOptions, Issuer, Provider, bearer};
 use halo_policy::Snapshot;

@@ -8,6 +8,10 @@
 //! Run: `cargo bench -p halo-xds --bench ads_fanout` (`-- --clients N` to change the
 //! count). Prints a result table for BENCHMARKS.md. Not a test: nothing is asserted.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -197,17 +201,15 @@ fn proc_status(keys: &[&str]) -> String {
 
 fn raise_fd_limit() {
     // Each client holds a connection; the server child inherits the limit.
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain syscalls on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    );
 }
 
 struct Progress {

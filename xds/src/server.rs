@@ -345,7 +345,13 @@ impl StreamState {
                         t.due.get_or_insert(false);
                     }
                 }
-                permit = async { acquiring.as_mut().expect("guarded").await }, if acquiring.is_some() => {
+                // Polled only while acquiring (the branch's condition).
+                permit = async {
+                    match acquiring.as_mut() {
+                        Some(acquire) => acquire.await,
+                        None => std::future::pending().await,
+                    }
+                }, if acquiring.is_some() => {
                     acquiring = None;
                     let Ok(permit) = permit else { return };
                     self.permit = Some((permit, tokio::time::Instant::now() + ACK_WAIT));

@@ -2,6 +2,10 @@
 //! complete. The plan they are emitted from is golden-tested in halo-envoy-config
 //! (`envoy-config/tests/golden.rs`).
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 
 use halo_xds::{GatewaySettings, plan, snapshot_of, type_url};

@@ -2,6 +2,10 @@
 //! istio/ztunnel tests its xDS client): ordering, named subscriptions (ECDS), stale
 //! nonces, NACK hold, node id required.
 
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{Node, TypedExtensionConfig};
