@@ -101,16 +101,28 @@ async fn every_refusal_is_json_with_an_error_code() {
             },
         );
         // hyper's own refusals: a path over 64 KiB, more than 100 headers, a head over
-        // ~400 KiB, and a request line that is not HTTP.
+        // ~400 KiB (when it arrives in pieces), and a request line that is not HTTP.
         let long = format!("/api/v1/capabilities?x={}", "a".repeat(70 * 1024));
         let r = exchange(base, get(&long, "")).await;
         assert_json_error("70 KiB path", &r, 414, "uri_too_long");
         let many: String = (0..120).map(|i| format!("x-h{i}: v\r\n")).collect();
         let r = exchange(base, get("/api/v1/capabilities", &many)).await;
         assert_json_error("120 headers", &r, 431, "headers_too_large");
+        // hyper refuses a head over its read buffer's limit only if the head arrives in
+        // more than one read: when the whole request is already in the socket (a loaded
+        // machine), it parses it and the route answers. Either way the answer is JSON.
         let big = format!("x-big: {}\r\n", "b".repeat(500 * 1024));
         let r = exchange(base, get("/api/v1/capabilities", &big)).await;
-        assert_json_error("500 KiB header", &r, 431, "headers_too_large");
+        if r.0 == 431 {
+            assert_json_error("500 KiB header", &r, 431, "headers_too_large");
+        } else {
+            assert!(
+                r.1.contains("\r\ncontent-type: application/json"),
+                "500 KiB header, answered {}: {}",
+                r.0,
+                r.1
+            );
+        }
         let r = exchange(base, b"NOT HTTP AT ALL\r\n\r\n".to_vec()).await;
         assert_json_error("garbage request line", &r, 400, "bad_request");
     }
