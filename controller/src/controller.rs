@@ -626,17 +626,11 @@ fn action_message(name: &str, run: u64, action: &ActionState, pr_error: Option<&
         action.decision.as_str(),
         action.verdict.reason
     );
-    if let Some(outcome) = action.kill_outcome {
-        text.push(' ');
-        text.push_str(outcome.describe());
-    }
-    match (&action.pull_request, pr_error) {
-        (Some(url), _) => text.push_str(&format!(" Pull request: {url}")),
-        (None, Some(e)) => text.push_str(&format!(
-            " The pull request could not be opened yet ({e}); the controller retries."
-        )),
-        (None, None) => {}
-    }
+    text.push_str(&crate::notify::outcome_text(
+        action.kill_outcome,
+        action.pull_request.as_deref(),
+        pr_error,
+    ));
     msg.text = text;
     msg
 }

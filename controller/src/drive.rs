@@ -451,17 +451,11 @@ fn rollout_message(rollout: &Rollout, action: &StepAction, pr_error: Option<&str
         e.action.as_str(),
         e.reason
     );
-    if let Some(outcome) = action.kill_outcome {
-        text.push(' ');
-        text.push_str(outcome.describe());
-    }
-    match (&action.pull_request, pr_error) {
-        (Some(url), _) => text.push_str(&format!(" Pull request: {url}")),
-        (None, Some(err)) => text.push_str(&format!(
-            " The pull request could not be opened yet ({err}); the controller retries."
-        )),
-        (None, None) => {}
-    }
+    text.push_str(&crate::notify::outcome_text(
+        action.kill_outcome,
+        action.pull_request.as_deref(),
+        pr_error,
+    ));
     msg.text = text;
     msg
 }

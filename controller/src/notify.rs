@@ -72,6 +72,28 @@ impl Message {
     }
 }
 
+/// What an action did, for the end of a message's text: the kill outcome's wording, then
+/// the pull request's URL or why it is not open yet. Experiments and rollouts share it.
+pub fn outcome_text(
+    kill: Option<KillOutcome>,
+    pull_request: Option<&str>,
+    pr_error: Option<&str>,
+) -> String {
+    let mut text = String::new();
+    if let Some(outcome) = kill {
+        text.push(' ');
+        text.push_str(outcome.describe());
+    }
+    match (pull_request, pr_error) {
+        (Some(url), _) => text.push_str(&format!(" Pull request: {url}")),
+        (None, Some(e)) => text.push_str(&format!(
+            " The pull request could not be opened yet ({e}); the controller retries."
+        )),
+        (None, None) => {}
+    }
+    text
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
     #[error("webhook answered {status} after {attempts} attempts")]
