@@ -5,6 +5,7 @@
 //! kill lists; `kill`, `unkill` and `killswitch status` call halo-server's admin API;
 //! `auth login | token | status | logout` is the developer's own token (halo-auth);
 //! `evidence query` summarizes an experiment's evidence from halo-server;
+//! `controller run` runs the controller loop on a policy dir and a data dir;
 //! `controller status` and `rollout status NAME` show the controller's view.
 //! Exit codes: 0 success, 1 an invalid policy or a failed operation, 2 a usage error,
 //! 3 not logged in or the session ended (`halo auth ...`).
@@ -50,6 +51,7 @@ Examples:
   halo unkill toggle deep-reasoning --reason fixed --server URL --token-file admin.jwt
   halo killswitch status --server URL --token-file admin.jwt
   halo auth login --policy-dir examples/acme-corp      # once per machine
+  halo controller run --policy-dir DIR --data-dir /var/lib/halo-server --killswitch-served
   halo controller status --server URL --token-file admin.jwt
   halo rollout status sonnet-bedrock --server URL --token-file admin.jwt
   halo auth token --audience api://halos               # what apiKeyHelper runs
@@ -124,7 +126,7 @@ enum Command {
         #[command(subcommand)]
         command: evidence::EvidenceCommand,
     },
-    /// halo-server's controller: its verdicts and actions as of the last tick.
+    /// The controller: run its loop here, or show halo-server's verdicts and actions.
     Controller {
         #[command(subcommand)]
         command: controller::ControllerCommand,

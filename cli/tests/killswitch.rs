@@ -160,3 +160,138 @@ async fn kill_unkill_and_status_through_the_api() {
     assert_eq!(out.status.code(), Some(2));
     server.stop().await;
 }
+
+/// `halo controller run`'s flags (ADR-0009 TestControllerRunFlags): the loop's interval
+/// bound, the webhook's secret, the data dir required, and the warning that a kill
+/// written without `--killswitch-served` is not known to be enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_run_flags() {
+    let env = Env::new().await;
+    let (policy, data) = (env.path("policy"), env.path("data"));
+    let (policy, data) = (policy.to_str().unwrap(), data.to_str().unwrap());
+    let run = |extra: &[&str]| {
+        let mut a = args(&["controller", "run", "--policy-dir", policy]);
+        a.extend(args(extra));
+        halo(a, None)
+    };
+
+    let out = run(&["--data-dir", data, "--interval", "30s", "--once"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--interval"), "{stderr}");
+    assert!(stderr.contains("at least"), "{stderr}");
+
+    let out = run(&["--data-dir", data, "--webhook-url", "http://127.0.0.1:9/h"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--webhook-secret-file"), "{stderr}");
+
+    let out = run(&["--once"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--data-dir"), "{stderr}");
+
+    // One tick on the example policy: its running experiments name session metrics the
+    // gateway's store lacks, so the tick fails (exit 1) and says why; it still warned
+    // that kills would not be served.
+    let out = run(&["--data-dir", data, "--once"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--killswitch-served"), "{stderr}");
+}
+
+/// `halo controller run` beside a halo-server that serves the same data dir: on gateway
+/// evidence of a breach it appends the kill to the data dir's kill log, and the server
+/// (which runs no controller) follows the log and serves the kill; the pause PR is pushed
+/// and the signed webhook arrives; the next run repeats nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_run_kills_through_the_data_dir_a_halo_server_serves() {
+    use halo_evidence::Source;
+    use halo_server::killswitch::Target;
+    use support::controller::{
+        EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, policy_repo, post_breach, remote_branches, webhook,
+    };
+
+    let env = Env::new().await;
+    let bare = policy_repo(&env);
+    let (hook, got) = webhook().await;
+    std::fs::write(env.path("otlp-gateway.token"), OTLP_GATEWAY_TOKEN).unwrap();
+    std::fs::write(env.path("webhook.secret"), WEBHOOK_SECRET).unwrap();
+    let mut settings = env.settings();
+    settings.evidence.gateway_listen = Some("127.0.0.1:0".parse().unwrap());
+    settings.evidence.gateway_token_file = Some(env.path("otlp-gateway.token"));
+    let server = serve(&settings).await;
+    let switch = server
+        .running
+        .as_ref()
+        .unwrap()
+        .state
+        .killswitch
+        .clone()
+        .unwrap();
+    let p = |name: &str| env.path(name).to_str().unwrap().to_string();
+    let run = || {
+        halo(
+            args(&[
+                "controller",
+                "run",
+                "--once",
+                "--killswitch-served",
+                "--policy-dir",
+                &p("policy"),
+                "--data-dir",
+                &p("data"),
+                "--gh",
+                &p("gh"),
+                "--webhook-url",
+                &hook,
+                "--webhook-secret-file",
+                &p("webhook.secret"),
+            ]),
+            None,
+        )
+    };
+
+    let out = run().await;
+    assert!(out.status.success(), "{out:?}");
+    post_breach(&server, Source::Gateway).await;
+    let out = run().await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains(EXP) && stdout.contains("killed"),
+        "{stdout}"
+    );
+
+    // The serving halo-server picks the kill up from its data dir (bounded poll).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !switch.state().await.is_killed(Target::Experiment, EXP) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "halo-server never served the kill halo controller run wrote"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let kills = env.log_lines("killswitch.jsonl");
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    assert_eq!(kills[0]["actor"], "halo-controller");
+    assert_eq!(kills[0]["seq"], 1);
+    let audit = env.log_lines("audit.jsonl");
+    assert!(
+        audit.iter().any(|a| a["actor"] == "halo-controller"),
+        "{audit:?}"
+    );
+    assert!(
+        remote_branches(&bare).contains(&format!("halo-controller/{EXP}/run-1-rollback")),
+        "the pause PR's branch is pushed"
+    );
+    let msgs = got.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert_eq!(msgs[0]["killOutcome"], "killed");
+
+    // Killed means held: another run acts on nothing.
+    let out = run().await;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(env.log_lines("killswitch.jsonl").len(), 1);
+    assert_eq!(got.lock().unwrap().len(), 1);
+    server.stop().await;
+}

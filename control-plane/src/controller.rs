@@ -9,7 +9,7 @@
 //! - pull requests: git and gh on a local clone of the policy repo; notifications: the
 //!   signed webhook.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,17 +112,38 @@ pub fn build(
     let evidence = evidence.context(
         "--controller reads the evidence store: configure a receiver (--otlp-gateway-listen)",
     )?;
+    let controller = assemble(
+        c,
+        data_dir,
+        &settings.policy_dir,
+        Arc::new(ServedPolicy(policy)),
+        evidence,
+        kill.map(|k| Arc::new(k) as Arc<dyn ControllerKill>),
+    )?;
+    Ok(Some(Arc::new(controller)))
+}
+
+/// The controller from its settings and its four parts: halo-server's `--controller` and
+/// `halo controller run` both build it here, so the loop and its flags are one.
+pub fn assemble(
+    c: &ControllerSettings,
+    data_dir: &Path,
+    policy_dir: &Path,
+    policy: Arc<dyn PolicySource>,
+    evidence: Arc<dyn halo_evidence::Store>,
+    kill: Option<Arc<dyn ControllerKill>>,
+) -> anyhow::Result<Controller> {
     let repo = c
         .policy_repo
         .clone()
-        .unwrap_or_else(|| settings.policy_dir.clone());
+        .unwrap_or_else(|| policy_dir.to_path_buf());
     let mut pulls = GitWriter::new(repo.clone(), &c.base_branch);
     if let Some(gh) = &c.gh {
         pulls.gh = gh.clone().into_os_string();
     }
     // The policy dir may be a folder of the repo: PR edits name files inside it.
     if let (Ok(dir), Ok(root)) = (
-        std::fs::canonicalize(&settings.policy_dir),
+        std::fs::canonicalize(policy_dir),
         std::fs::canonicalize(&repo),
     ) && let Ok(sub) = dir.strip_prefix(&root)
     {
@@ -146,16 +167,35 @@ pub fn build(
         }
         _ => None,
     };
-    let controller = Controller::open(
+    Controller::open(
         data_dir,
-        Arc::new(ServedPolicy(policy)),
+        policy,
         Arc::new(halo_controller::evidence_store::StoreEvidence(evidence)),
-        kill.map(|k| Arc::new(k) as Arc<dyn ControllerKill>),
+        kill,
         Arc::new(pulls),
         notifier,
     )
-    .context("opening the controller state")?;
-    Ok(Some(Arc::new(controller)))
+    .context("opening the controller state")
+}
+
+/// The policy in a directory, read again at every tick (`halo controller run`): what the
+/// halo-server serving that directory serves, give or take its reload interval. A
+/// directory that does not validate fails the tick (retried sooner), never acts.
+pub struct DirPolicy(pub PathBuf);
+
+impl PolicySource for DirPolicy {
+    fn current(&self) -> BoxFuture<'_, Result<Arc<halo_policy::Org>, PolicyError>> {
+        let dir = self.0.clone();
+        Box::pin(async move {
+            let loaded = tokio::task::spawn_blocking(move || halo_xds::source::load_org(&dir))
+                .await
+                .map_err(|e| PolicyError(e.to_string()))?;
+            match loaded {
+                Ok((org, _)) => Ok(Arc::new(org)),
+                Err(problems) => Err(PolicyError(problems.join("; "))),
+            }
+        })
+    }
 }
 
 /// The controller's counters in Prometheus text.
@@ -238,6 +278,66 @@ impl ControllerKill for ServerKill {
 
     fn served(&self) -> bool {
         true
+    }
+}
+
+/// The kill switch as `halo controller run` trips it: records appended to the kill log in
+/// a data dir (the same append, lock and audit as halo-server's), read by the halo-server
+/// that serves that dir within [`crate::killswitch::FOLLOW_EVERY`]. Whether one does is
+/// the operator's word (`--killswitch-served`): without it a kill is reported
+/// `kill_written`, never `killed`.
+pub struct DataDirKill {
+    pub store: Arc<dyn Store>,
+    pub served: bool,
+}
+
+impl ControllerKill for DataDirKill {
+    fn is_killed<'a>(&'a self, experiment: &'a str) -> BoxFuture<'a, Result<bool, KillError>> {
+        Box::pin(async move {
+            let store = Arc::clone(&self.store);
+            let state =
+                tokio::task::spawn_blocking(move || crate::killswitch::load_state(store.as_ref()))
+                    .await
+                    .map_err(|e| KillError(e.to_string()))?
+                    .map_err(|e| KillError(e.to_string()))?;
+            Ok(state.is_killed(Target::Experiment, experiment))
+        })
+    }
+
+    fn kill<'a>(
+        &'a self,
+        experiment: &'a str,
+        reason: &'a str,
+    ) -> BoxFuture<'a, Result<(), KillError>> {
+        Box::pin(async move {
+            let store = Arc::clone(&self.store);
+            let (name, reason) = (experiment.to_string(), reason.to_string());
+            tokio::task::spawn_blocking(move || {
+                let (rec, _) = crate::killswitch::append_record(store.as_ref(), |seq| {
+                    crate::killswitch::KillRecord {
+                        seq,
+                        at: crate::killswitch::now_rfc3339(),
+                        actor: ACTOR.to_string(),
+                        action: Action::Kill,
+                        target: Target::Experiment,
+                        name,
+                        reason,
+                    }
+                })
+                .map_err(|e| KillError(e.to_string()))?;
+                if let Err(e) = audit_kill(store.as_ref(), &rec) {
+                    // Fail safe, as on the server: the kill stands.
+                    tracing::error!(error = %e, "controller kill written, audit append failed");
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| KillError(e.to_string()))?
+        })
+    }
+
+    fn served(&self) -> bool {
+        self.served
     }
 }
 

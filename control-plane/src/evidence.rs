@@ -218,9 +218,10 @@ pub async fn start(
     }
     // The PostgreSQL client blocks (it runs its own runtime): opened off the async threads.
     let (s, d) = (settings.clone(), data_dir.map(std::path::Path::to_path_buf));
-    let store = tokio::task::spawn_blocking(move || open_store(&s, d.as_deref()))
-        .await
-        .context("opening the evidence store")??;
+    let store =
+        tokio::task::spawn_blocking(move || open_store(s.postgres_file.as_deref(), d.as_deref()))
+            .await
+            .context("opening the evidence store")??;
     let evidence = Arc::new(Evidence {
         store,
         metrics: EvidenceMetrics::default(),
@@ -263,11 +264,14 @@ pub async fn start(
     }))
 }
 
-fn open_store(
-    settings: &EvidenceSettings,
+/// The evidence store: PostgreSQL when `postgres_file` names its connection string, else
+/// the embedded one in the data dir. Blocking (the PostgreSQL client runs its own runtime).
+/// halo-server's receivers write it; `halo controller run` reads the same one.
+pub fn open_store(
+    postgres_file: Option<&std::path::Path>,
     data_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<Arc<dyn Store>> {
-    if let Some(file) = &settings.postgres_file {
+    if let Some(file) = postgres_file {
         let params =
             std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         let store = halo_evidence::postgres::PgStore::connect(params.trim())

@@ -4,6 +4,9 @@
 //! State is a fold over `killswitch.jsonl`: a kill record adds the name, an unkill record
 //! removes it, the last record per experiment and per toggle wins. A change is appended
 //! (fsynced) before it is applied in memory, so no reply reports a kill the log lacks.
+//! Other processes may append too (`halo controller run` writes kills into the data dir
+//! halo-server serves): every record is written by [`append_record`], under the store's
+//! lock, and the server follows the log ([`KillSwitch::spawn_follower`]).
 //!
 //! Subscribers (the xDS server, which pushes kills to the Envoys it feeds) call
 //! [`KillSwitch::subscribe`]: a `watch` channel holding the current signed envelope,
@@ -25,6 +28,9 @@ use crate::store::{Log, Store, StoreError};
 
 /// How often the published envelope is re-signed without a change.
 pub const RESIGN_EVERY: Duration = Duration::from_secs(120);
+
+/// How often the kill log is read again for records another process appended.
+pub const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -175,9 +181,13 @@ impl std::fmt::Debug for KillSwitch {
 
 /// Read the kill log into a state (strictly: an undecodable record is an error).
 pub fn load_state(store: &dyn Store) -> Result<KillState, StoreError> {
+    fold(&store.read_all(Log::Killswitch)?)
+}
+
+fn fold(records: &[serde_json::Value]) -> Result<KillState, StoreError> {
     let mut state = KillState::default();
-    for (i, value) in store.read_all(Log::Killswitch)?.into_iter().enumerate() {
-        let rec: KillRecord = serde_json::from_value(value).map_err(|e| StoreError::Corrupt {
+    for (i, value) in records.iter().enumerate() {
+        let rec = KillRecord::deserialize(value).map_err(|e| StoreError::Corrupt {
             path: Log::Killswitch.file_name().to_string(),
             line: i + 1,
             message: e.to_string(),
@@ -185,6 +195,33 @@ pub fn load_state(store: &dyn Store) -> Result<KillState, StoreError> {
         state.apply(&rec);
     }
     Ok(state)
+}
+
+/// Append the record `make` builds for the next sequence number, reading the log and
+/// appending under the store's lock, and return it with the state of the whole log
+/// (records other processes appended included). The one way a kill record is written:
+/// by halo-server's switch, and by `halo controller run` into the data dir a halo-server
+/// serves.
+pub fn append_record(
+    store: &dyn Store,
+    make: impl FnOnce(u64) -> KillRecord,
+) -> Result<(KillRecord, KillState), StoreError> {
+    let mut make = Some(make);
+    let mut made = None;
+    store.append_next(Log::Killswitch, &mut |records| {
+        let state = fold(records)?;
+        let make = make
+            .take()
+            .ok_or_else(|| StoreError::Unavailable("a kill record is made once".into()))?;
+        let rec = make(state.version + 1);
+        let value = serde_json::to_value(&rec).map_err(|e| StoreError::Encode(e.to_string()))?;
+        made = Some((rec, state));
+        Ok(value)
+    })?;
+    let (rec, mut state) =
+        made.ok_or_else(|| StoreError::Unavailable("the kill log append made no record".into()))?;
+    state.apply(&rec);
+    Ok((rec, state))
 }
 
 pub fn now_rfc3339() -> String {
@@ -276,17 +313,20 @@ impl KillSwitch {
         F: Fn(&KillRecord) -> Result<(), StoreError>,
     {
         let mut state = self.state.lock().await;
-        let rec = KillRecord {
-            seq: state.version + 1,
-            at: now_rfc3339(),
-            actor: actor.to_string(),
-            action,
-            target,
-            name: name.to_string(),
-            reason: reason.to_string(),
-        };
-        self.append(&rec).await?;
-        state.apply(&rec);
+        let (actor_owned, name_owned, reason_owned) =
+            (actor.to_string(), name.to_string(), reason.to_string());
+        let (rec, fresh) = self
+            .append(move |seq| KillRecord {
+                seq,
+                at: now_rfc3339(),
+                actor: actor_owned,
+                action,
+                target,
+                name: name_owned,
+                reason: reason_owned,
+            })
+            .await?;
+        *state = fresh;
         self.publish(&state);
         let audit_error = match audit(&rec) {
             Ok(()) => return Ok(Change::Done { version: rec.seq }),
@@ -301,18 +341,24 @@ impl KillSwitch {
             });
         }
         // An unaudited unkill must not stand: re-kill with the reason that was in force.
-        let revert = KillRecord {
-            seq: rec.seq + 1,
-            at: now_rfc3339(),
-            actor: "halo-server".to_string(),
-            action: Action::Kill,
-            target,
-            name: name.to_string(),
-            reason: format!("unkill by {actor} reverted: the audit log could not be written"),
-        };
-        let reverted = match self.append(&revert).await {
-            Ok(()) => {
-                state.apply(&revert);
+        let (name_owned, reason) = (
+            name.to_string(),
+            format!("unkill by {actor} reverted: the audit log could not be written"),
+        );
+        let revert = self
+            .append(move |seq| KillRecord {
+                seq,
+                at: now_rfc3339(),
+                actor: "halo-server".to_string(),
+                action: Action::Kill,
+                target,
+                name: name_owned,
+                reason,
+            })
+            .await;
+        let reverted = match revert {
+            Ok((_, fresh)) => {
+                *state = fresh;
                 self.publish(&state);
                 true
             }
@@ -328,15 +374,56 @@ impl KillSwitch {
         })
     }
 
-    async fn append(&self, rec: &KillRecord) -> Result<(), KillError> {
-        let value = serde_json::to_value(rec)
-            .map_err(|e| KillError::Log(StoreError::Encode(e.to_string())))?;
+    async fn append(
+        &self,
+        make: impl FnOnce(u64) -> KillRecord + Send + 'static,
+    ) -> Result<(KillRecord, KillState), KillError> {
         let store = Arc::clone(&self.store);
-        // fsync blocks; keep it off the async workers.
-        tokio::task::spawn_blocking(move || store.append(Log::Killswitch, &value))
+        // The file lock and fsync block; keep them off the async workers.
+        tokio::task::spawn_blocking(move || append_record(store.as_ref(), make))
             .await
             .map_err(|e| KillError::Log(StoreError::Unavailable(e.to_string())))?
             .map_err(KillError::Log)
+    }
+
+    /// Follow the kill log: every `every`, fold it again and publish if it changed. Kills
+    /// that `halo controller run` appends to this server's data dir (or, with a shared
+    /// store, another replica) reach the signed list and the Envoys within `every`.
+    pub fn spawn_follower(self: &Arc<Self>, every: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            loop {
+                tick.tick().await;
+                let Some(ks) = weak.upgrade() else { return };
+                let store = Arc::clone(&ks.store);
+                let read = tokio::task::spawn_blocking(move || load_state(store.as_ref())).await;
+                let fresh = match read {
+                    Ok(Ok(fresh)) => fresh,
+                    Ok(Err(e)) => {
+                        // Keep serving what was last read; say so once per outage.
+                        if !failing {
+                            tracing::error!(error = %e, "cannot read the kill log; serving the last state read");
+                        }
+                        failing = true;
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                failing = false;
+                let mut state = ks.state.lock().await;
+                if fresh != *state {
+                    tracing::info!(
+                        version = fresh.version,
+                        "the kill log changed outside this server; publishing it"
+                    );
+                    *state = fresh;
+                    ks.publish(&state);
+                }
+            }
+        });
     }
 }
 

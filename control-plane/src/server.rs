@@ -207,6 +207,10 @@ pub async fn start_with(
     });
     if let Some(ks) = &state.killswitch {
         ks.spawn_resigner();
+        if settings.data_dir.is_some() {
+            // `halo controller run` may append kills to this data dir.
+            ks.spawn_follower(crate::killswitch::FOLLOW_EVERY);
+        }
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

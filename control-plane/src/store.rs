@@ -75,17 +75,29 @@ pub trait Store: Send + Sync + 'static {
     fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError>;
     /// Every record of `log`, oldest first.
     fn read_all(&self, log: Log) -> Result<Vec<serde_json::Value>, StoreError>;
+    /// Append the record `next` makes from every record so far, with no other append to
+    /// `log` in between, from this process or another sharing the data dir
+    /// (`halo controller run` appends kills to the log a halo-server serves). Returns
+    /// every record, the new one last, once it is durable.
+    fn append_next(
+        &self,
+        log: Log,
+        next: &mut dyn FnMut(&[serde_json::Value]) -> Result<serde_json::Value, StoreError>,
+    ) -> Result<Vec<serde_json::Value>, StoreError>;
     /// Where the data lives, for logs and /capabilities.
     fn describe(&self) -> String;
 }
 
 /// One JSONL file per log in a directory; every append is written with one `write` and
 /// fsynced before it returns.
+///
+/// Several processes may share the directory (halo-server, and `halo controller run`
+/// appending kills): each append holds an exclusive lock on the log file (`flock`), each
+/// read a shared one, so a reader never sees half a record and [`Store::append_next`]
+/// reads and appends with nobody in between.
 #[derive(Debug)]
 pub struct FileStore {
     dir: PathBuf,
-    // Serializes appends so two records never interleave within a file.
-    lock: Mutex<()>,
 }
 
 impl FileStore {
@@ -109,7 +121,6 @@ impl FileStore {
             .map_err(io(dir))?;
         let store = FileStore {
             dir: dir.to_path_buf(),
-            lock: Mutex::new(()),
         };
         for log in Log::ALL {
             store.read_all(log)?;
@@ -119,6 +130,64 @@ impl FileStore {
 
     fn path(&self, log: Log) -> PathBuf {
         self.dir.join(log.file_name())
+    }
+
+    /// The log file, locked (exclusively to append, shared to read) until the handle is
+    /// dropped. Advisory: it orders the processes that take it, which are all ours.
+    fn lock(&self, log: Log, exclusive: bool) -> Result<File, StoreError> {
+        let path = self.path(log);
+        let io = |source| StoreError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = open_options().read(true).open(&path).map_err(io)?;
+        if exclusive {
+            file.lock().map_err(io)?;
+        } else {
+            file.lock_shared().map_err(io)?;
+        }
+        Ok(file)
+    }
+
+    fn read_unlocked(&self, log: Log) -> Result<Vec<serde_json::Value>, StoreError> {
+        let path = self.path(log);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: path.display().to_string(),
+                    source,
+                });
+            }
+        };
+        let mut out = Vec::new();
+        for (i, line) in BufReader::new(file).lines().enumerate() {
+            let line = line.map_err(|source| StoreError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let value = serde_json::from_str(&line).map_err(|e| StoreError::Corrupt {
+                path: path.display().to_string(),
+                line: i + 1,
+                message: e.to_string(),
+            })?;
+            out.push(value);
+        }
+        Ok(out)
+    }
+
+    fn append_unlocked(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
+        // Compact JSON escapes every newline, so a record is always one line.
+        let line = serde_json::to_string(record).map_err(|e| StoreError::Encode(e.to_string()))?;
+        // halo-fsutil opens the file per append: a file replaced or made unwritable under
+        // us fails this append (and the caller's fail-closed rule) instead of writing to a
+        // stale handle. One write, then fsync, before returning.
+        halo_fsutil::append_line(&self.path(log), &line)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))
     }
 }
 
@@ -164,45 +233,26 @@ fn repair_torn_tail(file: &mut File) -> std::io::Result<()> {
 
 impl Store for FileStore {
     fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
-        // Compact JSON escapes every newline, so a record is always one line.
-        let line = serde_json::to_string(record).map_err(|e| StoreError::Encode(e.to_string()))?;
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        // halo-fsutil opens the file per append: a file replaced or made unwritable under
-        // us fails this append (and the caller's fail-closed rule) instead of writing to a
-        // stale handle. One write, then fsync, before returning.
-        halo_fsutil::append_line(&self.path(log), &line)
-            .map_err(|e| StoreError::Unavailable(e.to_string()))
+        let _lock = self.lock(log, true)?;
+        self.append_unlocked(log, record)
     }
 
     fn read_all(&self, log: Log) -> Result<Vec<serde_json::Value>, StoreError> {
-        let path = self.path(log);
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    path: path.display().to_string(),
-                    source,
-                });
-            }
-        };
-        let mut out = Vec::new();
-        for (i, line) in BufReader::new(file).lines().enumerate() {
-            let line = line.map_err(|source| StoreError::Io {
-                path: path.display().to_string(),
-                source,
-            })?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let value = serde_json::from_str(&line).map_err(|e| StoreError::Corrupt {
-                path: path.display().to_string(),
-                line: i + 1,
-                message: e.to_string(),
-            })?;
-            out.push(value);
-        }
-        Ok(out)
+        let _lock = self.lock(log, false)?;
+        self.read_unlocked(log)
+    }
+
+    fn append_next(
+        &self,
+        log: Log,
+        next: &mut dyn FnMut(&[serde_json::Value]) -> Result<serde_json::Value, StoreError>,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        let _lock = self.lock(log, true)?;
+        let mut records = self.read_unlocked(log)?;
+        let record = next(&records)?;
+        self.append_unlocked(log, &record)?;
+        records.push(record);
+        Ok(records)
     }
 
     fn describe(&self) -> String {
@@ -229,8 +279,8 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
+impl MemoryStore {
+    fn check_failing(&self, log: Log) -> Result<(), StoreError> {
         if self
             .failing
             .lock()
@@ -242,6 +292,13 @@ impl Store for MemoryStore {
                 log.file_name()
             )));
         }
+        Ok(())
+    }
+}
+
+impl Store for MemoryStore {
+    fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
+        self.check_failing(log)?;
         self.logs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -249,6 +306,19 @@ impl Store for MemoryStore {
             .or_default()
             .push(record.clone());
         Ok(())
+    }
+
+    fn append_next(
+        &self,
+        log: Log,
+        next: &mut dyn FnMut(&[serde_json::Value]) -> Result<serde_json::Value, StoreError>,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        let records = logs.entry(log).or_default();
+        let record = next(records)?;
+        self.check_failing(log)?;
+        records.push(record);
+        Ok(records.clone())
     }
 
     fn read_all(&self, log: Log) -> Result<Vec<serde_json::Value>, StoreError> {
@@ -291,6 +361,41 @@ mod tests {
         );
         store.append(Log::Killswitch, &json!({"seq": 3})).unwrap();
         assert_eq!(store.read_all(Log::Killswitch).unwrap().len(), 3);
+    }
+
+    /// Two stores on one dir stand for two processes (halo-server and `halo controller
+    /// run`): each file lock is per open file, so they exclude each other like processes.
+    #[test]
+    fn appenders_sharing_a_dir_never_take_the_same_next_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = [
+            std::sync::Arc::new(FileStore::open(dir.path()).unwrap()),
+            std::sync::Arc::new(FileStore::open(dir.path()).unwrap()),
+        ];
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let store = std::sync::Arc::clone(&stores[t % 2]);
+                std::thread::spawn(move || {
+                    for _ in 0..25 {
+                        store
+                            .append_next(Log::Killswitch, &mut |records| {
+                                Ok(json!({"seq": records.len() + 1}))
+                            })
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let seqs: Vec<u64> = stores[0]
+            .read_all(Log::Killswitch)
+            .unwrap()
+            .iter()
+            .map(|r| r["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (1..=100).collect::<Vec<_>>());
     }
 
     #[test]

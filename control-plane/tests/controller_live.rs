@@ -12,108 +12,15 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use halo_controller::notify::{SIGNATURE_HEADER, TIMESTAMP_HEADER, verify};
-use halo_evidence::{Record, Source, otlp};
+use halo_evidence::Source;
 use halo_server::killswitch::Target;
-use prost::Message as _;
+use support::controller::{
+    EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, git, policy_repo, post_breach, remote_branches,
+    webhook,
+};
 use support::{Env, Server, serve};
-
-const EXP: &str = "sonnet-bedrock-canary";
-const OTLP_GATEWAY_TOKEN: &str = "9b8e7d1c2a3f40516e7d8c9b0a1f2e3d4c5b6a79808f7e6d5c4b3a2910f8e7d6";
-const WEBHOOK_SECRET: &str = "controller-webhook-secret-for-the-live-test";
-const UNITS: usize = 2000;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The env's policy dir made a clone of a bare repo, with only EXP running and not
-/// rollout-owned (the other running experiments name metrics the store does not have).
-fn policy_repo(env: &Env) -> std::path::PathBuf {
-    let policy = env.path("policy");
-    std::fs::remove_file(policy.join("rollouts/sonnet-bedrock.yaml")).unwrap();
-    env.pause_experiments(&["claude-opus-default", "gpt-shadow"]);
-    let bare = env.path("policy.git");
-    git(
-        env.dir.path(),
-        &["init", "--quiet", "--bare", "-b", "main", "policy.git"],
-    );
-    git(&policy, &["init", "--quiet", "-b", "main"]);
-    git(&policy, &["add", "."]);
-    git(&policy, &["commit", "--quiet", "-m", "policy"]);
-    git(
-        &policy,
-        &["remote", "add", "origin", bare.to_str().unwrap()],
-    );
-    git(&policy, &["push", "--quiet", "origin", "main"]);
-    // A recording gh: refuses a head branch the remote lacks, prints the PR's URL.
-    let gh = env.path("gh");
-    std::fs::write(
-        &gh,
-        format!(
-            "#!/bin/sh\nhead=\"\"\nwhile [ $# -gt 0 ]; do [ \"$1\" = --head ] && head=\"$2\"; shift; done\n\
-             git --git-dir=\"{}\" rev-parse --verify --quiet \"refs/heads/$head\" >/dev/null || {{ echo \"gh: no branch $head\" >&2; exit 1; }}\n\
-             echo https://github.example/acme/policy/pull/1\n",
-            bare.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&gh, std::fs::Permissions::from_mode(0o755)).unwrap();
-    bare
-}
-
-/// A webhook receiver on loopback that keeps the messages whose signature verifies.
-async fn webhook() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
-    let got: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
-    let keep = Arc::clone(&got);
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(
-            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                let keep = Arc::clone(&keep);
-                async move {
-                    let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
-                    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-                    match verify(
-                        WEBHOOK_SECRET.as_bytes(),
-                        h(TIMESTAMP_HEADER),
-                        h(SIGNATURE_HEADER),
-                        &body,
-                        now,
-                    ) {
-                        Ok(()) => {
-                            keep.lock()
-                                .unwrap()
-                                .push(serde_json::from_slice(&body).unwrap());
-                            axum::http::StatusCode::OK
-                        }
-                        Err(_) => axum::http::StatusCode::UNAUTHORIZED,
-                    }
-                }
-            },
-        ),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}/hook"), got)
-}
 
 async fn start(
     env: &Env,
@@ -135,55 +42,6 @@ async fn start(
     settings.controller.webhook_url = Some(hook);
     settings.controller.webhook_secret_file = Some(env.path("webhook.secret"));
     (serve(&settings).await, bare, got)
-}
-
-/// `UNITS` units per arm; the canary fails 30% of its calls with a 500.
-async fn post_breach(server: &Server, source: Source) {
-    let running = server.running.as_ref().unwrap();
-    let addr = running.evidence.as_ref().unwrap().addr(source).unwrap();
-    // Stamped now: the controller reads evidence from the start of the experiment's run
-    // (its first tick), which has already happened.
-    let now = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
-    let records: Vec<Record> = (0..2 * UNITS)
-        .map(|i| {
-            let canary = i % 2 == 1;
-            Record {
-                time_unix_ms: now,
-                ring: "early".into(),
-                experiment: EXP.into(),
-                variant: if canary { "canary" } else { "control" }.into(),
-                alias: "sonnet".into(),
-                upstream: "anthropic-direct".into(),
-                model: "claude-sonnet-4-5-20250929".into(),
-                target: "t0".into(),
-                attempts: 1,
-                status: if canary && (i / 2) % 10 < 3 { 500 } else { 200 },
-                ttfb_ms: Some(100.0 + (i % 50) as f64),
-                duration_ms: Some(700.0 + (i % 200) as f64),
-                complete: true,
-                unit: format!("{i:016x}"),
-                ..Record::default()
-            }
-        })
-        .collect();
-    let client = reqwest::Client::new();
-    for chunk in records.chunks(500) {
-        let mut req = client
-            .post(format!("http://{addr}/v1/logs"))
-            .header("content-type", "application/x-protobuf")
-            .body(otlp::request(chunk).encode_to_vec());
-        if source == Source::Gateway {
-            req = req.bearer_auth(OTLP_GATEWAY_TOKEN);
-        }
-        assert_eq!(req.send().await.unwrap().status(), 200);
-    }
-}
-
-fn remote_branches(bare: &Path) -> String {
-    git(
-        bare,
-        &["for-each-ref", "--format=%(refname:short)", "refs/heads"],
-    )
 }
 
 async fn killed(server: &Server) -> bool {

@@ -3,6 +3,8 @@
 //! ephemeral loopback ports.
 #![allow(dead_code)]
 
+pub mod controller;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
