@@ -35,6 +35,9 @@ pub struct Endpoints {
     pub authorization_endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revocation_endpoint: Option<String>,
+    /// Where the issuer publishes its signing keys (the gateway's jwt_authn fetches them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_uri: Option<String>,
 }
 
 /// A successful token endpoint answer (RFC 6749 section 5.1; unknown fields ignored,
@@ -162,6 +165,7 @@ impl Client {
             device_authorization_endpoint: field("device_authorization_endpoint"),
             authorization_endpoint: field("authorization_endpoint"),
             revocation_endpoint: field("revocation_endpoint"),
+            jwks_uri: field("jwks_uri"),
         };
         for (name, url) in [
             ("token_endpoint", Some(&endpoints.token_endpoint)),
@@ -177,6 +181,7 @@ impl Client {
                 "revocation_endpoint",
                 endpoints.revocation_endpoint.as_ref(),
             ),
+            ("jwks_uri", endpoints.jwks_uri.as_ref()),
         ] {
             if let Some(u) = url
                 && !is_secure_url(u)
@@ -185,6 +190,31 @@ impl Client {
             }
         }
         Ok(endpoints)
+    }
+
+    /// How many keys the JWK Set at `url` holds (an answer without any is an error): a
+    /// check that the keys tokens are verified with can be fetched.
+    pub fn jwks_keys(&self, url: &str) -> Result<usize> {
+        let resp = self
+            .http
+            .get(url)
+            .send()
+            .map_err(|e| unreachable_err(url, &e))?;
+        let status = resp.status();
+        let body = resp.bytes().map_err(|e| unreachable_err(url, &e))?;
+        let bad = |message: String| Error::BadAnswer {
+            url: url.to_string(),
+            message,
+        };
+        if !status.is_success() {
+            return Err(bad(format!("HTTP {status}")));
+        }
+        let doc: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+        match doc["keys"].as_array().map(Vec::len) {
+            Some(n) if n > 0 => Ok(n),
+            _ => Err(bad("no keys in it".into())),
+        }
     }
 
     fn post_form(&self, url: &str, form: &[(&str, &str)]) -> Result<(u16, Vec<u8>)> {

@@ -42,7 +42,8 @@ pub struct BootstrapArgs {
     /// Admin address (stats, /ready, Prometheus). Keep it private.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9901")]
     admin: String,
-    /// The identity provider's JWKS URL (default: <issuer>/.well-known/jwks.json).
+    /// The identity provider's JWKS URL (default: the `jwks_uri` of the issuer's OIDC
+    /// discovery document, else <issuer>/.well-known/jwks.json).
     #[arg(long, value_name = "URL")]
     jwks_uri: Option<String>,
     /// halo-server's kill list, e.g. https://halo-server/api/v1/gateway/killswitch.
@@ -244,7 +245,12 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         listen_address,
         listen_port,
         wasm_path: args.wasm.clone(),
-        jwks_uri: args.jwks_uri.clone(),
+        jwks_uri: jwks_uri(
+            &snapshot,
+            args.jwks_uri.as_deref(),
+            args.upstream_ca_file.as_deref(),
+            &mut warnings,
+        ),
         killswitch_url: args.killswitch_url.clone(),
         ..GatewaySettings::default()
     }
@@ -318,6 +324,58 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         eprintln!("rendered {} -> {}", source, args.output.display());
     }
     Ok(())
+}
+
+/// The JWKS URL jwt_authn fetches the issuer's keys from: `--jwks-uri`, else the issuer's
+/// OIDC discovery document's `jwks_uri` (Okta and Azure AD do not publish their keys at
+/// `<issuer>/.well-known/jwks.json`), else that default. Checked from here: keys Envoy
+/// cannot fetch make every valid token a 401, so what cannot be read is a warning (the
+/// rendering host may not reach what Envoy's does). Read with the CA bundle Envoy is told
+/// to trust (`ca_file`) besides the system's; https only, but for a loopback issuer.
+fn jwks_uri(
+    snapshot: &halo_policy::Snapshot,
+    given: Option<&str>,
+    ca_file: Option<&std::path::Path>,
+    warnings: &mut Vec<String>,
+) -> Option<String> {
+    let issuer = snapshot
+        .identity
+        .as_ref()
+        .filter(|i| !i.issuer.is_empty())?
+        .issuer
+        .trim_end_matches('/')
+        .to_string();
+    let default = halo_envoy_config::plan::default_jwks_uri(&issuer);
+    let client = match halo_auth::oauth::Client::new(ca_file) {
+        Ok(c) => c,
+        Err(e) => {
+            warnings.push(format!("cannot check the issuer's keys: {e}"));
+            return Some(given.map_or(default, str::to_string));
+        }
+    };
+    let uri = match given {
+        Some(u) => u.to_string(),
+        None => match client.discover(&issuer) {
+            Ok(endpoints) => endpoints.jwks_uri.unwrap_or_else(|| {
+                warnings.push(format!(
+                    "{issuer}'s OIDC discovery document names no jwks_uri: using {default}; pass --jwks-uri if the issuer keeps its keys elsewhere (every valid token would be refused, 401)"
+                ));
+                default
+            }),
+            Err(e) => {
+                warnings.push(format!(
+                    "cannot read {issuer}'s OIDC discovery document ({e}): using {default}; pass --jwks-uri if the issuer keeps its keys elsewhere (every valid token would be refused, 401)"
+                ));
+                default
+            }
+        },
+    };
+    if let Err(e) = client.jwks_keys(&uri) {
+        warnings.push(format!(
+            "cannot read the issuer's keys at {uri} from here ({e}): until Envoy can, it refuses every token (401)"
+        ));
+    }
+    Some(uri)
 }
 
 fn bail_secret() -> anyhow::Result<()> {

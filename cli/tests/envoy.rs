@@ -229,3 +229,87 @@ fn a_shared_object_filter_path_renders_the_native_build() {
     // The native build reads the verified payload from the header jwt_authn forwards.
     assert!(yaml.contains("forward_payload_header: \"x-halo-jwt-payload\""));
 }
+
+/// A copy of examples/acme-corp in `dir/name` whose identity issuer is `issuer`.
+fn acme_with_issuer(dir: &std::path::Path, name: &str, issuer: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/acme-corp");
+    let to = dir.join(name);
+    let o = Command::new("cp")
+        .args([
+            "-r",
+            root.to_str().expect("utf8"),
+            to.to_str().expect("utf8"),
+        ])
+        .output()
+        .expect("cp");
+    assert!(o.status.success());
+    let halos = to.join("halos.yaml");
+    let text = std::fs::read_to_string(&halos).expect("halos.yaml");
+    std::fs::write(
+        &halos,
+        text.replace("https://acme.okta.com/oauth2/aus9halos2acme7corp", issuer),
+    )
+    .expect("write");
+    to
+}
+
+/// The JWKS URL is read from the issuer's OIDC discovery document (as Okta's, not at
+/// `<issuer>/.well-known/jwks.json`), over https with the CA Envoy is told to trust; an
+/// override is kept; keys or a discovery document that cannot be read are warnings.
+#[test]
+fn the_jwks_uri_is_the_discovery_documents_and_unreadable_keys_warn() {
+    let issuer = halo_testkit::oidc::FakeIssuer::start();
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &issuer.ca_pem).expect("CA");
+    let ca = ca.to_str().expect("utf8").to_string();
+    let render = |policy: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "envoy",
+            "bootstrap",
+            "--policy-dir",
+            policy.to_str().expect("utf8"),
+            "--upstream-ca-file",
+            &ca,
+            "--output",
+            "-",
+        ];
+        args.extend_from_slice(extra);
+        let o = halo(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let live = acme_with_issuer(dir.path(), "live", &issuer.issuer);
+    // Discovery names the keys' URL: it is rendered, and nothing is said about it.
+    let (yaml, err) = render(&live, &[]);
+    assert!(
+        yaml.contains(&format!("uri: \"{}/keys\"", issuer.issuer)),
+        "{yaml}"
+    );
+    assert!(!yaml.contains(".well-known/jwks.json"), "{yaml}");
+    assert!(!err.contains("keys") && !err.contains("discovery"), "{err}");
+    // An override is kept; keys that cannot be read are a warning, in the file too.
+    let nowhere = format!("{}/nowhere", issuer.issuer);
+    let (yaml, err) = render(&live, &["--jwks-uri", &nowhere]);
+    assert!(yaml.contains(&format!("uri: \"{nowhere}\"")), "{yaml}");
+    assert!(
+        yaml.contains("# WARNING: cannot read the issuer's keys at"),
+        "{yaml}"
+    );
+    assert!(
+        err.contains("until Envoy can, it refuses every token"),
+        "{err}"
+    );
+    // No discovery document (nothing listens): the default, with a warning.
+    let gone = format!("https://127.0.0.1:{}", halo_testkit::free_port());
+    let dead = acme_with_issuer(dir.path(), "dead", &gone);
+    let (yaml, err) = render(&dead, &[]);
+    assert!(err.contains("OIDC discovery document"), "{err}");
+    assert!(
+        yaml.contains(&format!("uri: \"{gone}/.well-known/jwks.json\"")),
+        "{yaml}"
+    );
+}

@@ -208,7 +208,7 @@ impl OidcVerifier {
     /// The issuer's authorization and token endpoints, from its discovery document.
     pub async fn endpoints(&self, identity: Option<&Identity>) -> Result<Endpoints, AuthError> {
         let identity = require_identity(identity)?;
-        let d = self.discover(identity).await.map_err(|e| {
+        let d = discover(&self.http, &identity.issuer).await.map_err(|e| {
             AuthError::Unavailable(format!(
                 "cannot read the identity provider's discovery document: {e}"
             ))
@@ -374,43 +374,65 @@ impl OidcVerifier {
         }
     }
 
-    /// The issuer's discovery document, checked to name the policy's issuer.
-    async fn discover(&self, identity: &Identity) -> Result<Discovery, String> {
-        let discovery_url = format!(
-            "{}/.well-known/openid-configuration",
-            identity.issuer.trim_end_matches('/')
-        );
-        let discovery: Discovery = self.get_json(&discovery_url).await?;
-        if discovery.issuer.trim_end_matches('/') != identity.issuer.trim_end_matches('/') {
-            return Err(format!(
-                "the discovery document names issuer {:?}, not the policy's",
-                discovery.issuer
-            ));
-        }
-        Ok(discovery)
-    }
-
     async fn fetch(&self, identity: &Identity) -> Result<JwkSet, String> {
-        let discovery = self.discover(identity).await?;
-        if !discovery.jwks_uri.starts_with("https://") {
-            return Err("the discovery document's jwks_uri is not https".to_string());
-        }
-        self.get_json(&discovery.jwks_uri).await
+        let uri = discovered_jwks_uri(&self.http, &identity.issuer).await?;
+        get_json(&self.http, &uri).await
     }
 
-    async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<T, String> {
-        let resp = self
-            .http
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("GET {url}: HTTP {}", resp.status()));
-        }
-        let bytes = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
-        serde_json::from_slice(&bytes).map_err(|e| format!("GET {url}: {e}"))
+    /// The HTTP client the verifier reads the issuer with (the OIDC CA trusted).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
     }
+}
+
+/// `issuer`'s discovery document (`{issuer}/.well-known/openid-configuration`), checked
+/// to name that issuer (OIDC Discovery section 4.3).
+async fn discover(http: &reqwest::Client, issuer: &str) -> Result<Discovery, String> {
+    let issuer = issuer.trim_end_matches('/');
+    let discovery: Discovery =
+        get_json(http, &format!("{issuer}/.well-known/openid-configuration")).await?;
+    if discovery.issuer.trim_end_matches('/') != issuer {
+        return Err(format!(
+            "the discovery document names issuer {:?}, not the policy's",
+            discovery.issuer
+        ));
+    }
+    Ok(discovery)
+}
+
+/// The `jwks_uri` of `issuer`'s discovery document: where its signing keys are (Okta's
+/// and Azure AD's are not at `<issuer>/.well-known/jwks.json`). https only.
+pub async fn discovered_jwks_uri(http: &reqwest::Client, issuer: &str) -> Result<String, String> {
+    let discovery = discover(http, issuer).await?;
+    if !discovery.jwks_uri.starts_with("https://") {
+        return Err("the discovery document's jwks_uri is not https".to_string());
+    }
+    Ok(discovery.jwks_uri)
+}
+
+/// How many keys the JWK Set at `uri` holds; none is an error.
+pub async fn jwks_key_count(http: &reqwest::Client, uri: &str) -> Result<usize, String> {
+    let keys: JwkSet = get_json(http, uri).await?;
+    match keys.keys.len() {
+        0 => Err(format!("GET {uri}: no keys in it")),
+        n => Ok(n),
+    }
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<T, String> {
+    let resp = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {url}: HTTP {}", resp.status()));
+    }
+    let bytes = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("GET {url}: {e}"))
 }
 
 fn admin_from_claims(

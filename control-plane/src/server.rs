@@ -168,9 +168,15 @@ pub async fn start_with(
         .with_context(|| format!("binding --admin-listen {}", settings.admin_listen))?;
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
-    let xds = crate::xds::start(settings, xds, parts.killswitch.as_ref(), api_addr)
-        .await?
-        .map(Arc::new);
+    let xds = crate::xds::start(
+        settings,
+        xds,
+        parts.killswitch.as_ref(),
+        api_addr,
+        parts.oidc.http().clone(),
+    )
+    .await?
+    .map(Arc::new);
     // Without xDS the API still follows the policy dir, with the same watcher.
     let source = match &xds {
         Some(x) => x.source(),

@@ -2,14 +2,18 @@
 //! policy source (the policy dir, watched by content hash every 250 ms) and the kill
 //! switch (every signed envelope goes into the filter's configuration at once; the
 //! filter verifies it with the kill public key, and its poll of GET
-//! /api/v1/gateway/killswitch stays as the fallback).
+//! /api/v1/gateway/killswitch stays as the fallback). Without `jwksUri` in the gateway
+//! settings, the JWKS URL Envoy fetches keys from is the served issuer's discovery
+//! document's `jwks_uri` ([`discover_jwks`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use halo_xds::{GatewaySettings, PolicySource, SnapshotCache, SourceStatus, Transform};
+use halo_xds::{
+    GatewaySettings, JwksUris, PolicySource, Served, SnapshotCache, SourceStatus, Transform,
+};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -18,6 +22,9 @@ use crate::killswitch::KillSwitch;
 
 /// How often the policy dir's content hash is checked.
 pub const POLICY_POLL: Duration = Duration::from_millis(250);
+
+/// How soon an issuer's discovery document that could not be read is read again.
+pub const JWKS_RETRY: Duration = Duration::from_secs(30);
 
 /// A running xDS host.
 pub struct XdsHost {
@@ -134,12 +141,66 @@ fn gateway_settings(
     Ok(gs)
 }
 
-/// Bind `--xds-listen`, serve the policy dir and the kill list.
+/// Keep `uris` holding the served issuer's JWKS URL, read from its OIDC discovery
+/// document when the served policy names a new issuer, and again every [`JWKS_RETRY`]
+/// while it cannot be read. Until then the plan's default (`<issuer>/.well-known/jwks.json`)
+/// is served: a warning says so, and one says when the keys themselves cannot be read,
+/// since Envoy then refuses every valid token (401).
+async fn discover_jwks(
+    http: reqwest::Client,
+    mut served: watch::Receiver<Arc<Served>>,
+    uris: watch::Sender<JwksUris>,
+) {
+    loop {
+        let issuer = served
+            .borrow_and_update()
+            .compiled
+            .identity
+            .as_ref()
+            .map(|i| i.issuer.clone())
+            .filter(|i| !i.is_empty());
+        let mut failed = false;
+        if let Some(issuer) = issuer
+            && !uris.borrow().contains_key(&issuer)
+        {
+            match crate::auth::discovered_jwks_uri(&http, &issuer).await {
+                Ok(uri) => {
+                    if let Err(e) = crate::auth::jwks_key_count(&http, &uri).await {
+                        tracing::warn!(%issuer, error = %e, "the issuer's keys cannot be read from here: until Envoy can, it refuses every token (401)");
+                    }
+                    tracing::info!(%issuer, jwks_uri = %uri, "JWKS URL from the issuer's discovery document");
+                    uris.send_modify(|m| {
+                        m.insert(issuer, uri);
+                    });
+                }
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(%issuer, error = %e, "cannot read the issuer's OIDC discovery document: Envoy is given <issuer>/.well-known/jwks.json; set jwksUri in the xDS gateway settings if the keys are elsewhere (else every valid token is refused, 401)");
+                }
+            }
+        }
+        let more = if failed {
+            tokio::select! {
+                c = served.changed() => c.is_ok(),
+                () = tokio::time::sleep(JWKS_RETRY) => true,
+            }
+        } else {
+            served.changed().await.is_ok()
+        };
+        if !more {
+            return;
+        }
+    }
+}
+
+/// Bind `--xds-listen`, serve the policy dir and the kill list. `http` reads the issuer's
+/// discovery document (the OIDC CA trusted).
 pub async fn start(
     settings: &Settings,
     options: XdsOptions,
     killswitch: Option<&Arc<KillSwitch>>,
     api_addr: SocketAddr,
+    http: reqwest::Client,
 ) -> anyhow::Result<Option<XdsHost>> {
     let Some(listen) = settings.xds_listen else {
         return Ok(None);
@@ -165,15 +226,21 @@ pub async fn start(
             }
         }));
     }
+    let discover = gs.jwks_uri.is_none();
+    let (jwks_tx, jwks_rx) = watch::channel(JwksUris::new());
     let source = PolicySource::spawn_transformed(
         settings.policy_dir.clone(),
         POLICY_POLL,
         gs,
         cache.clone(),
         rx,
+        jwks_rx,
         options.transform,
     )
     .map_err(crate::server::policy_error)?;
+    if discover {
+        tasks.push(tokio::spawn(discover_jwks(http, source.served(), jwks_tx)));
+    }
     let serving = cache.clone();
     tasks.push(tokio::spawn(async move {
         if let Err(e) = halo_xds::serve(listener, serving).await {

@@ -215,7 +215,8 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
             "listenAddress": "127.0.0.1", "listenPort": listen_port,
             "wasmPath": halo_testkit::filter_module().display().to_string(),
             "upstreamCaFile": env.path("oidc-ca.pem").display().to_string(),
-            "jwksUri": format!("{}/keys", env.issuer.issuer),
+            // No jwksUri: halo-server reads the issuer's discovery document, whose
+            // jwks_uri is {issuer}/keys.
             // The poll is the fallback; an hour means only the push can deliver a kill.
             "filterSettings": {"killSwitch": {"intervalSeconds": 3600}},
         })
@@ -248,6 +249,25 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
 
     // The toggle (default on) routes haiku to prov-b through the filter.
     until(&client, listen_port, &user, "prov-b", "haiku-on-b", &envoy).await;
+
+    // jwt_authn fetches the keys from the discovery document's jwks_uri, not from the
+    // <issuer>/.well-known/jwks.json default (pushed once discovered: bounded wait).
+    let keys = format!("\"uri\": \"{}/keys\"", env.issuer.issuer);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let dump = tokio::task::block_in_place(|| envoy.admin("/config_dump"));
+        if dump.contains(&keys) && !dump.contains(".well-known/jwks.json") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the discovered JWKS URL never reached Envoy; jwt_authn as pushed: {:?}",
+            dump.lines()
+                .filter(|l| l.contains("\"uri\""))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 
     // A kill accepted by the API reaches the filter by push: back to the gateway route.
     let r = server

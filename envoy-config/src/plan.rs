@@ -77,7 +77,10 @@ pub struct GatewaySettings {
     pub wasm_path: String,
     /// The filter's `settings` object (identity, forwardAuth, maxBodyBytes, killSwitch...).
     pub filter_settings: Value,
-    /// The issuer's JWKS URL; default `<issuer>/.well-known/jwks.json`.
+    /// The issuer's JWKS URL. Unset, the renderers put in the `jwks_uri` of the issuer's
+    /// OIDC discovery document (`halo envoy bootstrap` when it renders, halo-server for
+    /// each served issuer); the plan itself does no I/O and falls back to
+    /// `<issuer>/.well-known/jwks.json`.
     pub jwks_uri: Option<String>,
     /// Put the halo filter in the chain (default). Off only to test the routing layer on
     /// its own, with the route header sent by the test client: never in a gateway.
@@ -541,6 +544,12 @@ pub fn used_upstreams(snap: &Snapshot) -> BTreeSet<&str> {
         .collect()
 }
 
+/// The JWKS URL of `issuer` when neither the settings nor its OIDC discovery document
+/// name one: `<issuer>/.well-known/jwks.json`.
+pub fn default_jwks_uri(issuer: &str) -> String {
+    format!("{}/.well-known/jwks.json", issuer.trim_end_matches('/'))
+}
+
 /// Decide every resource for `snap` under `settings`.
 pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanError> {
     if settings.max_attempts == 0 {
@@ -606,9 +615,10 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
     let jwks = match snap.identity.as_ref().filter(|i| !i.issuer.is_empty()) {
         None => None,
         Some(id) => {
-            let uri = settings.jwks_uri.clone().unwrap_or_else(|| {
-                format!("{}/.well-known/jwks.json", id.issuer.trim_end_matches('/'))
-            });
+            let uri = settings
+                .jwks_uri
+                .clone()
+                .unwrap_or_else(|| default_jwks_uri(&id.issuer));
             Some(ServicePlan::new(
                 "jwksUri",
                 names::JWKS_CLUSTER,

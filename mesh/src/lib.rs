@@ -284,8 +284,10 @@ pub(crate) fn check_pull_policy(policy: &str) -> Result<(), MeshError> {
 
 /// The issuer's JWKS URL: the flag, else `<issuer>/.well-known/jwks.json`.
 pub fn jwks_uri(issuer: &str, flag: Option<&str>) -> String {
-    flag.map(str::to_string)
-        .unwrap_or_else(|| format!("{}/.well-known/jwks.json", issuer.trim_end_matches('/')))
+    flag.map_or_else(
+        || halo_envoy_config::plan::default_jwks_uri(issuer),
+        str::to_string,
+    )
 }
 
 /// The filter settings for the mesh: `settings` (an object) with the jwt_authn metadata

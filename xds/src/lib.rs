@@ -40,7 +40,7 @@ pub use cache::{NodeKey, NodeStatus, Resource, Snapshot, SnapshotCache, TypeStat
 pub use halo_envoy_config::plan::{GatewaySettings, Plan, PlanError, plan};
 pub use metrics::Metrics;
 pub use server::{ServeError, serve, serve_with_shutdown};
-pub use source::{PolicySource, Served, SourceStatus, Transform};
+pub use source::{JwksUris, PolicySource, Served, SourceStatus, Transform};
 
 /// Translate `compiled` under `settings` into a cache snapshot whose version is the
 /// compiled snapshot's version (sha256 of its bytes) and the settings'.

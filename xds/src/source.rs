@@ -8,6 +8,9 @@
 //! but the log stays short), counted in `rejected`, recorded in [`SourceStatus`], and the
 //! last good policy keeps serving. A new kill-list envelope on the watch channel is pushed
 //! at once with the current policy (the filter verifies it with the kill public key).
+//! So is a change of the discovered JWKS URLs ([`JwksUris`]: the host reads each issuer's
+//! OIDC discovery document; the plan uses the served issuer's when the settings name no
+//! `jwksUri`).
 //!
 //! [`PolicySource::spawn_transformed`] applies a [`Transform`] to every compiled policy
 //! before it is translated (halo-demo points every upstream at its demo provider this way;
@@ -50,6 +53,11 @@ pub struct SourceStatus {
     pub kill_pushes: u64,
 }
 
+/// The JWKS URL of each issuer, as its OIDC discovery document names it (`jwks_uri`): the
+/// host discovers them (halo-server, `crate` does no I/O but the policy dir); a plan whose
+/// settings name no `jwksUri` takes its issuer's from here, else the default.
+pub type JwksUris = std::collections::BTreeMap<String, String>;
+
 /// A rewrite applied to every compiled policy before translation (after validation).
 pub type Transform =
     std::sync::Arc<dyn Fn(halo_policy::Snapshot) -> halo_policy::Snapshot + Send + Sync>;
@@ -85,12 +93,27 @@ struct Push {
     settings: GatewaySettings,
     cache: SnapshotCache,
     kill_list: watch::Receiver<Option<String>>,
+    jwks_uris: watch::Receiver<JwksUris>,
 }
 
 impl Push {
     fn set(&self, compiled: &halo_policy::Snapshot, envelope: Option<&str>) -> Result<(), String> {
-        let snap = snapshot_with_kill_list(compiled, &self.settings, envelope)
-            .map_err(|e| e.to_string())?;
+        let discovered = compiled
+            .identity
+            .as_ref()
+            .filter(|_| self.settings.jwks_uri.is_none())
+            .and_then(|id| self.jwks_uris.borrow().get(&id.issuer).cloned());
+        let snap = match discovered {
+            Some(uri) => {
+                let settings = GatewaySettings {
+                    jwks_uri: Some(uri),
+                    ..self.settings.clone()
+                };
+                snapshot_with_kill_list(compiled, &settings, envelope)
+            }
+            None => snapshot_with_kill_list(compiled, &self.settings, envelope),
+        }
+        .map_err(|e| e.to_string())?;
         self.cache.set(NodeKey::Default, snap);
         Ok(())
     }
@@ -185,23 +208,27 @@ impl PolicySource {
         cache: SnapshotCache,
         kill_list: watch::Receiver<Option<String>>,
     ) -> Result<PolicySource, SourceError> {
-        Self::spawn_transformed(dir, interval, settings, cache, kill_list, None)
+        let (_, jwks_uris) = watch::channel(JwksUris::new());
+        Self::spawn_transformed(dir, interval, settings, cache, kill_list, jwks_uris, None)
     }
 
-    /// [`PolicySource::spawn`], with `transform` applied to every compiled policy that
-    /// validated, before it is translated and served (its version is the served one's).
+    /// [`PolicySource::spawn`], with the discovered JWKS URLs (a change is pushed at
+    /// once), and `transform` applied to every compiled policy that validated, before it
+    /// is translated and served (its version is the served one's).
     pub fn spawn_transformed(
         dir: PathBuf,
         interval: Duration,
         settings: GatewaySettings,
         cache: SnapshotCache,
         kill_list: watch::Receiver<Option<String>>,
+        jwks_uris: watch::Receiver<JwksUris>,
         transform: Option<Transform>,
     ) -> Result<PolicySource, SourceError> {
         let push = Push {
             settings,
             cache,
             kill_list,
+            jwks_uris,
         };
         Self::start(dir, interval, Some(push), transform)
     }
@@ -259,15 +286,41 @@ impl PolicySource {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut kills_open = push.is_some();
+            let mut jwks_open = push.is_some();
             loop {
+                let (kills, jwks) = match &mut push {
+                    Some(p) => (Some(&mut p.kill_list), Some(&mut p.jwks_uris)),
+                    None => (None, None),
+                };
                 let kill_change = async {
-                    match &mut push {
-                        Some(p) => p.kill_list.changed().await,
+                    match kills {
+                        Some(k) => k.changed().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let jwks_change = async {
+                    match jwks {
+                        Some(j) => j.changed().await,
                         None => std::future::pending().await,
                     }
                 };
                 tokio::select! {
                     _ = tick.tick() => {}
+                    changed = jwks_change, if jwks_open => {
+                        if changed.is_err() {
+                            jwks_open = false;
+                            continue;
+                        }
+                        if let Some(p) = &mut push {
+                            p.jwks_uris.borrow_and_update();
+                            let envelope = p.kill_list.borrow().clone();
+                            let current = Arc::clone(&served_tx.borrow());
+                            if let Err(e) = p.set(&current.compiled, envelope.as_deref()) {
+                                tracing::error!(error = %e, "push with the discovered JWKS URL failed");
+                            }
+                        }
+                        continue;
+                    }
                     changed = kill_change, if kills_open => {
                         if changed.is_err() {
                             kills_open = false;
