@@ -165,7 +165,7 @@ async fn kill_unkill_and_status_through_the_api() {
 /// bound, the webhook's secret, the data dir required, and the warning that a kill
 /// written without `--killswitch-served` is not known to be enforced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn controller_run_flags() {
+async fn test_controller_run_flags() {
     let env = Env::new().await;
     let (policy, data) = (env.path("policy"), env.path("data"));
     let (policy, data) = (policy.to_str().unwrap(), data.to_str().unwrap());

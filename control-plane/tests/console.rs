@@ -13,11 +13,14 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
+use halo_evidence::Source;
 use halo_policy::killswitch::verify;
 use serde_json::{Value, json};
+use support::controller::{UNITS, post_arms};
 use support::{Env, GATEWAY_TOKEN, serve};
 
 const EXPERIMENT: &str = "sonnet-bedrock-canary";
@@ -326,6 +329,52 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     assert!(text.contains("no_evidence"), "no records yet: {text}");
     check_accessible(&c).await;
     shot(&c, "rollout").await;
+
+    // The experiment on its own (its rollout file removed from the policy dir): at each
+    // tick the controller evaluates it, and its page draws the interval of treatment -
+    // control over the run's ticks. Both arms fail 10% of calls: the band holds zero.
+    std::fs::remove_file(env.path("policy").join("rollouts/sonnet-bedrock.yaml")).unwrap();
+    let app = Arc::clone(&server.running.as_ref().unwrap().state);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.policy().org.rollouts.contains_key("sonnet-bedrock") {
+        assert!(
+            Instant::now() < deadline,
+            "the policy without the rollout is never served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    controller
+        .tick_within_budget(time::OffsetDateTime::now_utc())
+        .await
+        .expect("the tick that starts the run");
+    for round in 0..3 {
+        post_arms(&server, Source::Gateway, 1, 1, round * 4 * UNITS).await;
+        controller
+            .tick_within_budget(time::OffsetDateTime::now_utc())
+            .await
+            .expect("the tick succeeds");
+    }
+    c.goto(&format!("{base}/console/experiments/{EXPERIMENT}"))
+        .await
+        .unwrap();
+    let text = wait_text(&c, "Over this run").await;
+    assert!(text.contains("Run 1, evaluated"), "{text}");
+    let charts = c.find_all(Locator::Css("svg.chart")).await.unwrap();
+    assert!(!charts.is_empty(), "a chart per metric and arm: {text}");
+    let label = charts[0]
+        .attr("aria-label")
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    assert!(label.contains("canary - control over 3 ticks"), "{label}");
+    check_accessible(&c).await;
+    c.execute(
+        "document.querySelector('svg.chart').scrollIntoView({block: 'center'})",
+        vec![],
+    )
+    .await
+    .unwrap();
+    shot(&c, "experiment-chart").await;
 
     c.goto(&format!("{base}/console/fleet")).await.unwrap();
     assert_eq!(h1(&c).await, "Fleet");

@@ -161,6 +161,7 @@ pub struct Controller {
     pub notifier: Option<Arc<dyn Notifier>>,
     state: tokio::sync::Mutex<StateLog>,
     status: Mutex<Status>,
+    history: Mutex<crate::history::History>,
     status_path: Option<std::path::PathBuf>,
     /// Where controller-state.jsonl, the status and `rollouts/` live.
     data_dir: std::path::PathBuf,
@@ -192,6 +193,7 @@ impl Controller {
             notifier,
             state: tokio::sync::Mutex::new(StateLog::open(data_dir)?),
             status: Mutex::new(Status::default()),
+            history: Mutex::new(crate::history::History::load(data_dir)),
             status_path: Some(data_dir.join(STATUS_FILE)),
             data_dir: data_dir.to_path_buf(),
             counters: Counters::default(),
@@ -209,6 +211,14 @@ impl Controller {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// `experiment`'s evidence table at each tick of its current run, oldest first.
+    pub fn history(&self, experiment: &str) -> Vec<crate::history::Point> {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .points(experiment)
     }
 
     /// Run ticks until `shutdown` resolves: every `interval`, sooner after a failure.
@@ -307,6 +317,23 @@ impl Controller {
                 }
             };
             rollouts.insert(r.name.clone(), report);
+        }
+        {
+            let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            history.retain(|name| reports.contains_key(name));
+            for (name, report) in &reports {
+                if let Some(v) = &report.verdict {
+                    history.push(
+                        name,
+                        crate::history::Point {
+                            at: rfc3339(now),
+                            run: report.run,
+                            rows: v.table.clone(),
+                        },
+                    );
+                }
+            }
+            history.save(&self.data_dir);
         }
         let status = Status {
             last_tick: Some(rfc3339(now)),

@@ -13,6 +13,7 @@
 //!   pull requests ([`pr::PullRequests`]) and notifications ([`notify::Notifier`]);
 //! - [`evidence_store`]: the evidence port over halo-evidence's store;
 //! - [`state`]: `controller-state.jsonl`, the fsynced record of every step;
+//! - [`history`]: each experiment's evidence table at every tick, for charts;
 //! - [`pr`]: git and gh; [`notify`]: the signed webhook.
 
 pub mod controller;
@@ -20,6 +21,7 @@ pub mod decide;
 pub mod drive;
 pub mod evidence;
 pub mod evidence_store;
+pub mod history;
 pub mod kill;
 pub mod notify;
 pub mod pr;

@@ -725,6 +725,12 @@ async fn experiment(
         .controller
         .as_ref()
         .and_then(|c| c.status().experiments.get(&name).cloned());
+    let history = console
+        .app
+        .controller
+        .as_ref()
+        .map(|c| c.history(&name))
+        .unwrap_or_default();
     let viewer = Viewer {
         user: &s.user,
         csrf: &s.csrf,
@@ -772,6 +778,11 @@ async fn experiment(
                         }
                         @if let Some(v) = rep.verdict.as_ref().or(rep.action.as_ref().map(|a| &a.verdict)) {
                             @if !v.table.is_empty() { (pages::evidence_table(&v.table)) }
+                        }
+                        @if !history.is_empty() {
+                            h3 { "Over this run" }
+                            p { "Each treatment arm's always-valid interval of treatment - control at every tick (" (history.len()) " so far): the band leaving zero is where the controller can decide." }
+                            (pages::interval_charts(&history))
                         }
                     }
                 }

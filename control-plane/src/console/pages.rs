@@ -121,6 +121,93 @@ pub fn evidence_table(rows: &[halo_controller::decide::Row]) -> Markup {
     }
 }
 
+/// Each (metric, treatment arm) of an experiment's history drawn over the run's ticks:
+/// the always-valid interval of treatment - control as a band, the estimate as a line,
+/// zero as a rule. The band leaving zero is the moment the controller could decide.
+pub fn interval_charts(points: &[halo_controller::history::Point]) -> Markup {
+    let mut series: Vec<(String, String)> = Vec::new();
+    for p in points {
+        for r in p.rows.iter().filter(|r| r.interval.is_some()) {
+            let key = (r.metric.clone(), r.variant.clone());
+            if !series.contains(&key) {
+                series.push(key);
+            }
+        }
+    }
+    html! {
+        @for (metric, variant) in &series {
+            figure {
+                (interval_chart(points, metric, variant))
+                figcaption { (metric) ", " (variant) " - control, from " (points.first().map_or("", |p| p.at.as_str())) " to " (points.last().map_or("", |p| p.at.as_str())) }
+            }
+        }
+    }
+}
+
+fn interval_chart(
+    points: &[halo_controller::history::Point],
+    metric: &str,
+    variant: &str,
+) -> Markup {
+    const W: f64 = 480.0;
+    const H: f64 = 120.0;
+    let ivs: Vec<(usize, halo_controller::stats::Interval)> = points
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            p.rows
+                .iter()
+                .find(|r| r.metric == metric && r.variant == variant)
+                .and_then(|r| r.interval)
+                .map(|iv| (i, iv))
+        })
+        .collect();
+    let scale = ivs
+        .iter()
+        .map(|(_, iv)| iv.low.abs().max(iv.high.abs()))
+        .filter(|v| v.is_finite())
+        .fold(0.0_f64, f64::max);
+    let scale = if scale > 0.0 { scale } else { 1.0 };
+    let last = points.len().saturating_sub(1).max(1) as f64;
+    let x = |i: usize| 4.0 + (i as f64 / last) * (W - 8.0);
+    let y = |v: f64| H / 2.0 - (v / scale).clamp(-1.0, 1.0) * (H / 2.0 - 4.0);
+    let upper: Vec<String> = ivs
+        .iter()
+        .map(|(i, iv)| format!("{:.1},{:.1}", x(*i), y(iv.high)))
+        .collect();
+    let lower: Vec<String> = ivs
+        .iter()
+        .rev()
+        .map(|(i, iv)| format!("{:.1},{:.1}", x(*i), y(iv.low)))
+        .collect();
+    let estimate: Vec<String> = ivs
+        .iter()
+        .map(|(i, iv)| format!("{:.1},{:.1}", x(*i), y(iv.estimate)))
+        .collect();
+    let label = match ivs.last() {
+        Some((_, iv)) => format!(
+            "{metric}, {variant} - control over {} ticks; now {:+.4} [{:+.4}, {:+.4}]",
+            ivs.len(),
+            iv.estimate,
+            iv.low,
+            iv.high
+        ),
+        None => format!("{metric}, {variant}: no interval yet"),
+    };
+    html! {
+        svg.chart width=(W) height=(H) viewBox=(format!("0 0 {W} {H}")) role="img" aria-label=(label) {
+            title { (label) }
+            line x1="0" y1=(H / 2.0) x2=(W) y2=(H / 2.0) stroke="#8c959f" {}
+            @if ivs.len() > 1 {
+                polygon.band points=(format!("{} {}", upper.join(" "), lower.join(" "))) fill="#0b3d5c" fill-opacity="0.25" {}
+                polyline.estimate points=(estimate.join(" ")) fill="none" stroke="#0b3d5c" stroke-width="2" {}
+            } @else if let Some((i, iv)) = ivs.first() {
+                line x1=(format!("{:.1}", x(*i))) y1=(format!("{:.1}", y(iv.high))) x2=(format!("{:.1}", x(*i))) y2=(format!("{:.1}", y(iv.low))) stroke="#0b3d5c" stroke-width="3" {}
+            }
+        }
+    }
+}
+
 /// One interval as a small SVG: the zero line, the interval, the estimate.
 fn interval_svg(low: f64, estimate: f64, high: f64, scale: f64) -> Markup {
     let x = |v: f64| {
@@ -183,5 +270,44 @@ mod tests {
         // Control has no interval: one drawing only.
         assert_eq!(html.matches("<svg").count(), 1, "{html}");
         assert!(html.contains("+0.2800 [+0.2000, +0.4000]"), "{html}");
+    }
+
+    #[test]
+    fn the_interval_is_drawn_over_the_runs_ticks() {
+        use halo_controller::history::Point;
+        let iv = |low: f64, high: f64| {
+            Some(Interval {
+                estimate: (low + high) / 2.0,
+                low,
+                high,
+            })
+        };
+        let points: Vec<Point> = [(-0.4, 0.4), (-0.1, 0.3), (0.1, 0.2)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (low, high))| Point {
+                at: format!("2026-12-01T00:0{i}:00Z"),
+                run: 1,
+                rows: vec![row("control", None), row("canary", iv(low, high))],
+            })
+            .collect();
+        let html = interval_charts(&points).into_string();
+        // One chart for the one treatment arm; the scale is the widest bound (0.4), so
+        // the first tick's band spans the height (4..116) and the last sits above zero.
+        assert_eq!(html.matches("<svg").count(), 1, "{html}");
+        assert!(
+            html.contains(
+                r#"points="4.0,4.0 240.0,18.0 476.0,32.0 476.0,46.0 240.0,74.0 4.0,116.0""#
+            ),
+            "{html}"
+        );
+        assert!(html.contains("now +0.1500 [+0.1000, +0.2000]"), "{html}");
+        assert!(html.contains("halo.api.error_rate, canary - control, from 2026-12-01T00:00:00Z to 2026-12-01T00:02:00Z"), "{html}");
+    }
+
+    #[test]
+    fn no_chart_without_an_interval() {
+        let html = interval_charts(&[]).into_string();
+        assert!(!html.contains("<svg"), "{html}");
     }
 }

@@ -109,6 +109,24 @@ pub async fn webhook() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
 
 /// `UNITS` units per arm; the canary fails 30% of its calls with a 500.
 pub async fn post_breach(server: &Server, source: Source) {
+    post_calls(server, source, 3, 0).await;
+}
+
+/// `UNITS` units per arm as Envoy exports them; the canary fails `canary_in_10` of every
+/// ten calls with a 500, control `control_in_10`. Unit names start at `first_unit`, so
+/// successive posts add units rather than repeat them.
+pub async fn post_calls(server: &Server, source: Source, canary_in_10: usize, first_unit: usize) {
+    post_arms(server, source, canary_in_10, 0, first_unit).await;
+}
+
+/// [`post_calls`] with control failing too.
+pub async fn post_arms(
+    server: &Server,
+    source: Source,
+    canary_in_10: usize,
+    control_in_10: usize,
+    first_unit: usize,
+) {
     let running = server.running.as_ref().unwrap();
     let addr = running.evidence.as_ref().unwrap().addr(source).unwrap();
     // Stamped now: the controller reads evidence from the start of the experiment's run
@@ -127,11 +145,15 @@ pub async fn post_breach(server: &Server, source: Source) {
                 model: "claude-sonnet-4-5-20250929".into(),
                 target: "t0".into(),
                 attempts: 1,
-                status: if canary && (i / 2) % 10 < 3 { 500 } else { 200 },
+                status: if (i / 2) % 10 < if canary { canary_in_10 } else { control_in_10 } {
+                    500
+                } else {
+                    200
+                },
                 ttfb_ms: Some(100.0 + (i % 50) as f64),
                 duration_ms: Some(700.0 + (i % 200) as f64),
                 complete: true,
-                unit: format!("{i:016x}"),
+                unit: format!("{:016x}", first_unit + i),
                 ..Record::default()
             }
         })
