@@ -185,6 +185,10 @@ fn use_fake_client(env: &Env) {
 
 /// The signed kill list gateways read (verified with the kill-switch key): is it killed?
 async fn gateway_kills(env: &Env, base: &str) -> bool {
+    served_list(env, base).await.experiments().contains(EXPERIMENT)
+}
+
+async fn served_list(env: &Env, base: &str) -> halo_policy::killswitch::KillList {
     let r = reqwest::Client::new()
         .get(format!("{base}/api/v1/gateway/killswitch"))
         .bearer_auth(GATEWAY_TOKEN)
@@ -194,8 +198,7 @@ async fn gateway_kills(env: &Env, base: &str) -> bool {
     assert_eq!(r.status(), 200);
     let raw = r.bytes().await.unwrap();
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let list = verify(&raw, &env.killswitch_pub, now, None).expect("the served list verifies");
-    list.experiments().contains(EXPERIMENT)
+    verify(&raw, &env.killswitch_pub, now, None).expect("the served list verifies")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,6 +313,56 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     );
     check_accessible(&c).await;
     shot(&c, "audit").await;
+
+    // A toggle, from the overview: killed with a reason, served to gateways, unkilled.
+    c.goto(&format!("{base}/console")).await.unwrap();
+    c.find(Locator::Id("toggle-reason-deep-reasoning"))
+        .await
+        .unwrap()
+        .send_keys("reasoning budget blown")
+        .await
+        .unwrap();
+    c.find(Locator::XPath("//button[.='Kill deep-reasoning']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "Unkill deep-reasoning").await;
+    check_accessible(&c).await;
+    shot(&c, "toggle-killed").await;
+    assert!(
+        served_list(&env, &base)
+            .await
+            .toggles()
+            .contains("deep-reasoning")
+    );
+    let audit = env.log_lines("audit.jsonl");
+    let last = audit.last().unwrap();
+    assert_eq!(
+        (last["action"].as_str(), last["name"].as_str()),
+        (Some("kill"), Some("deep-reasoning")),
+        "{last}"
+    );
+    c.find(Locator::Id("toggle-reason-deep-reasoning"))
+        .await
+        .unwrap()
+        .send_keys("budget raised")
+        .await
+        .unwrap();
+    c.find(Locator::XPath("//button[.='Unkill deep-reasoning']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "Kill deep-reasoning").await;
+    assert!(
+        !served_list(&env, &base)
+            .await
+            .toggles()
+            .contains("deep-reasoning")
+    );
 
     // The traffic rollout, from the overview's link: its steps, the last tick's gates
     // against their bounds and the bake left, the state file's chain verified.

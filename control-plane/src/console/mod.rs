@@ -78,6 +78,8 @@ pub fn router(app: Shared, key: Key, url: Option<String>, xds: Option<Arc<XdsHos
         .route("/console/rollouts/{name}", get(rollout))
         .route("/console/experiments/{name}/kill", post(kill))
         .route("/console/experiments/{name}/unkill", post(unkill))
+        .route("/console/toggles/{name}/kill", post(kill_toggle))
+        .route("/console/toggles/{name}/unkill", post(unkill_toggle))
         .route("/console/audit", get(audit))
         .route("/console/fleet", get(fleet))
         .route("/console/devices/{id}/revoke", post(revoke))
@@ -529,6 +531,7 @@ async fn overview(State(console): State<Console>, s: Session) -> Response {
     };
     let is_killed =
         |target: Target, name: &str| kills.as_ref().is_some_and(|k| k.is_killed(target, name));
+    let has_switch = kills.is_some();
     let mut rings: Vec<_> = org.rings.values().collect();
     rings.sort_by_key(|r| r.order);
     let nodes = console.xds.as_ref().map(|x| x.cache.status());
@@ -604,10 +607,25 @@ async fn overview(State(console): State<Console>, s: Session) -> Response {
         section aria-labelledby="toggles" {
             h2 #toggles { "Toggles" }
             table {
-                thead { tr { th scope="col" { "Toggle" } th scope="col" { "Kill switch" } } }
+                thead { tr { th scope="col" { "Toggle" } th scope="col" { "Kill switch" } @if has_switch { th scope="col" { "Change" } } } }
                 tbody {
                     @for t in org.toggles.keys() {
-                        tr { td { (t) } td { (killed_cell(is_killed(Target::Toggle, t))) } }
+                        @let killed = is_killed(Target::Toggle, t);
+                        tr {
+                            td { (t) }
+                            td { (killed_cell(killed)) }
+                            @if has_switch {
+                                td {
+                                    @let (verb, path) = if killed { ("Unkill", "unkill") } else { ("Kill", "kill") };
+                                    form method="post" action={ "/console/toggles/" (t) "/" (path) } {
+                                        input type="hidden" name="csrf" value=(s.csrf);
+                                        label for={ "toggle-reason-" (t) } { "Why " (path) " " (t) }
+                                        input #{ "toggle-reason-" (t) } type="text" name="reason" required;
+                                        button type="submit" { (verb) " " (t) }
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -921,7 +939,7 @@ async fn kill(
     name: Path<String>,
     body: Bytes,
 ) -> Response {
-    change(state, s, headers, name, body, Action::Kill).await
+    change(state, s, headers, name, body, Action::Kill, Target::Experiment).await
 }
 
 async fn unkill(
@@ -931,7 +949,27 @@ async fn unkill(
     name: Path<String>,
     body: Bytes,
 ) -> Response {
-    change(state, s, headers, name, body, Action::Unkill).await
+    change(state, s, headers, name, body, Action::Unkill, Target::Experiment).await
+}
+
+async fn kill_toggle(
+    state: State<Console>,
+    s: Session,
+    headers: HeaderMap,
+    name: Path<String>,
+    body: Bytes,
+) -> Response {
+    change(state, s, headers, name, body, Action::Kill, Target::Toggle).await
+}
+
+async fn unkill_toggle(
+    state: State<Console>,
+    s: Session,
+    headers: HeaderMap,
+    name: Path<String>,
+    body: Bytes,
+) -> Response {
+    change(state, s, headers, name, body, Action::Unkill, Target::Toggle).await
 }
 
 async fn change(
@@ -941,6 +979,7 @@ async fn change(
     Path(name): Path<String>,
     body: Bytes,
     action: Action,
+    target: Target,
 ) -> Response {
     let fields = match form(&body, &["csrf", "reason"]) {
         Ok(f) => f,
@@ -958,14 +997,19 @@ async fn change(
         &console.app,
         &admin,
         action,
-        Target::Experiment,
+        target,
         &name,
         reason,
     )
     .await
     {
         // Post/redirect/get: the page shows the new state and the audit entry.
-        Ok(_) => Redirect::to(&format!("/console/experiments/{name}#kill")).into_response(),
+        Ok(_) => match target {
+            Target::Experiment => {
+                Redirect::to(&format!("/console/experiments/{name}#kill")).into_response()
+            }
+            Target::Toggle => Redirect::to("/console#toggles").into_response(),
+        },
         Err(e) => api_problem(&e),
     }
 }
