@@ -21,6 +21,7 @@ use halo_evidence::Source;
 use halo_policy::killswitch::verify;
 use serde_json::{Value, json};
 use support::controller::{UNITS, post_arms};
+use support::gateway::start_live;
 use support::{Env, GATEWAY_TOKEN, serve};
 
 const EXPERIMENT: &str = "sonnet-bedrock-canary";
@@ -185,7 +186,10 @@ fn use_fake_client(env: &Env) {
 
 /// The signed kill list gateways read (verified with the kill-switch key): is it killed?
 async fn gateway_kills(env: &Env, base: &str) -> bool {
-    served_list(env, base).await.experiments().contains(EXPERIMENT)
+    served_list(env, base)
+        .await
+        .experiments()
+        .contains(EXPERIMENT)
 }
 
 async fn served_list(env: &Env, base: &str) -> halo_policy::killswitch::KillList {
@@ -503,5 +507,79 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     );
     shot(&c, "forbidden").await;
 
+    c.close().await.unwrap();
+}
+
+/// The console's kill reaching a real Envoy: halo-server serves a small policy over xDS
+/// (the `haiku-b` toggle routes haiku to prov-b; the filter's poll is an hour, so only the
+/// push can deliver the kill). An admin kills the toggle from the overview and haiku is
+/// back on its gateway route (prov-a) at the Envoy; unkilled, it returns to prov-b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_toggle_killed_in_the_console_reaches_a_live_envoy() {
+    let env = Env::new().await;
+    use_fake_client(&env);
+    env.issuer.set_user(json!({
+        "sub": "u-alice", "email": "alice@acme.com", "email_verified": true,
+        "groups": ["engineering", "halos-admins"],
+    }));
+    let live = start_live(&env, env.settings()).await;
+    let base = live.server.base.clone();
+    let user = env.user_token();
+    live.until(&user, "prov-b", "haiku-on-b").await;
+
+    let d = driver().await;
+    let c = browser(&d).await;
+    c.goto(&format!("{base}/console")).await.unwrap();
+    assert_eq!(h1(&c).await, "Overview");
+    let text = body_text(&c).await;
+    assert!(text.contains("Envoys (xDS)"), "{text}");
+    c.find(Locator::Id("toggle-reason-haiku-b"))
+        .await
+        .unwrap()
+        .send_keys("prov-b is degraded")
+        .await
+        .unwrap();
+    c.find(Locator::XPath("//button[.='Kill haiku-b']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "Unkill haiku-b").await;
+    let took = live.until(&user, "prov-a", "haiku-model").await;
+    eprintln!("the console's kill reached Envoy's routing in {took:?}");
+
+    c.find(Locator::Id("toggle-reason-haiku-b"))
+        .await
+        .unwrap()
+        .send_keys("prov-b recovered")
+        .await
+        .unwrap();
+    c.find(Locator::XPath("//button[.='Unkill haiku-b']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "Kill haiku-b").await;
+    live.until(&user, "prov-b", "haiku-on-b").await;
+    let audit = env.log_lines("audit.jsonl");
+    let actions: Vec<_> = audit
+        .iter()
+        .map(|a| {
+            (
+                a["action"].as_str(),
+                a["name"].as_str(),
+                a["actor"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            (Some("kill"), Some("haiku-b"), Some("alice@acme.com")),
+            (Some("unkill"), Some("haiku-b"), Some("alice@acme.com"))
+        ]
+    );
     c.close().await.unwrap();
 }

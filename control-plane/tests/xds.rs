@@ -9,246 +9,30 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use halo_testkit::envoy::Envoy;
-use halo_testkit::{free_port, workspace_root};
-use serde_json::{Value, json};
+use serde_json::json;
+use support::gateway::{LiveGateway, ask, start_live, write_gateway};
 use support::{Env, serve};
-
-/// A loopback model provider answering `{"provider": name, "model": <body's model>}`.
-fn provider(name: &'static str) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind provider");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                loop {
-                    let Ok(n) = conn.read(&mut chunk) else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    let rest = &buf[end + 4..];
-                    let (body, used) = if head.contains("transfer-encoding: chunked") {
-                        match dechunk(rest) {
-                            Some(x) => x,
-                            None => continue,
-                        }
-                    } else {
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        if rest.len() < len {
-                            continue;
-                        }
-                        (rest[..len].to_vec(), len)
-                    };
-                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    let reply = json!({"provider": name, "model": body["model"]}).to_string();
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
-                        reply.len()
-                    );
-                    buf.drain(..end + 4 + used);
-                }
-            });
-        }
-    });
-    url
-}
-
-/// A whole chunked body: its bytes and how many input bytes it took; `None` if incomplete.
-fn dechunk(mut input: &[u8]) -> Option<(Vec<u8>, usize)> {
-    let total = input.len();
-    let mut out = Vec::new();
-    loop {
-        let line = input.windows(2).position(|w| w == b"\r\n")?;
-        let size =
-            usize::from_str_radix(std::str::from_utf8(&input[..line]).ok()?.trim(), 16).ok()?;
-        input = &input[line + 2..];
-        if size == 0 {
-            if input.len() < 2 {
-                return None;
-            }
-            return Some((out, total - input.len() + 2));
-        }
-        if input.len() < size + 2 {
-            return None;
-        }
-        out.extend_from_slice(&input[..size]);
-        input = &input[size + 2..];
-    }
-}
-
-const GATEWAY: &str = r#"apiVersion: halos.dev/v1
-kind: Gateway
-baseURL: https://gw.test
-protocols:
-  claude-code: anthropic-messages
-  codex: openai-responses
-  gemini-cli: gemini
-upstreams:
-  prov-a: {url: "A", kind: anthropic}
-  prov-b: {url: "B", kind: anthropic}
-models:
-  haiku:
-    targets:
-      - {upstream: HAIKU, model: haiku-model}
-  # The aliases the example profiles name (kept from acme-corp).
-  default: {targets: [{upstream: prov-a, model: m}]}
-  sonnet: {targets: [{upstream: prov-a, model: m}]}
-  opus: {targets: [{upstream: prov-a, model: m}]}
-  gpt: {targets: [{upstream: prov-a, model: m}]}
-  gemini-pro: {targets: [{upstream: prov-a, model: m}]}
-"#;
-
-const TOGGLE: &str = r#"apiVersion: halos.dev/v1
-kind: Toggle
-name: haiku-b
-owner: platform-ai@acme.com
-expires: 2099-03-31
-default: true
-axis: traffic
-traffic:
-  routes:
-    haiku:
-      targets:
-        - {upstream: prov-b, model: haiku-on-b}
-"#;
-
-fn write_gateway(env: &Env, a: &str, b: &str, haiku: &str) {
-    let text = GATEWAY
-        .replace("\"A\"", &format!("\"{a}\""))
-        .replace("\"B\"", &format!("\"{b}\""))
-        .replace("HAIKU", haiku);
-    halo_fsutil::write_atomic(
-        &env.path("policy").join("gateway.yaml"),
-        text.as_bytes(),
-        0o644,
-    )
-    .expect("write gateway.yaml");
-}
-
-async fn ask(client: &reqwest::Client, port: u16, token: &str) -> Option<Value> {
-    ask_raw(client, port, token)
-        .await
-        .filter(|(s, _)| *s == 200)
-        .map(|(_, v)| v)
-}
-
-async fn ask_raw(client: &reqwest::Client, port: u16, token: &str) -> Option<(u16, Value)> {
-    let r = client
-        .post(format!("http://127.0.0.1:{port}/v1/messages"))
-        .bearer_auth(token)
-        .json(&json!({"model": "haiku", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .ok()?;
-    let status = r.status().as_u16();
-    Some((status, r.json().await.unwrap_or(Value::Null)))
-}
-
-/// Ask until the answer names `provider` and `model` (bounded); how long it took.
-async fn until(
-    client: &reqwest::Client,
-    port: u16,
-    token: &str,
-    provider: &str,
-    model: &str,
-    envoy: &Envoy,
-) -> Duration {
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs(20);
-    loop {
-        if let Some(v) = ask(client, port, token).await
-            && v["provider"] == provider
-            && v["model"] == model
-        {
-            return start.elapsed();
-        }
-        if Instant::now() >= deadline {
-            let last = ask_raw(client, port, token).await;
-            let logs = envoy.logs();
-            let tail: Vec<&str> = logs.lines().rev().take(40).collect();
-            panic!(
-                "never routed to {provider}/{model}; last answer {last:?}; Envoy log tail:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
     let env = Env::new().await;
     let policy = env.path("policy");
-    for dir in ["experiments", "toggles", "rollouts"] {
-        let _ = std::fs::remove_dir_all(policy.join(dir));
-    }
-    let (a, b) = (provider("prov-a"), provider("prov-b"));
-    write_gateway(&env, &a, &b, "prov-a");
-    std::fs::create_dir_all(policy.join("toggles")).expect("toggles dir");
-    std::fs::write(policy.join("toggles/haiku-b.yaml"), TOGGLE).expect("toggle");
-    if let Err(problems) = halo_xds::source::load_policy(&policy) {
-        panic!("test policy invalid: {problems:#?}");
-    }
-
-    let listen_port = free_port();
-    let gateway_file = env.path("xds-gateway.json");
-    std::fs::write(
-        &gateway_file,
-        json!({
-            "listenAddress": "127.0.0.1", "listenPort": listen_port,
-            "wasmPath": halo_testkit::filter_module().display().to_string(),
-            "upstreamCaFile": env.path("oidc-ca.pem").display().to_string(),
-            // No jwksUri: halo-server reads the issuer's discovery document, whose
-            // jwks_uri is {issuer}/keys.
-            // The poll is the fallback; an hour means only the push can deliver a kill.
-            "filterSettings": {"killSwitch": {"intervalSeconds": 3600}},
-        })
-        .to_string(),
-    )
-    .expect("gateway settings");
-    let mut settings = env.settings();
-    settings.xds_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    settings.xds_gateway_file = Some(gateway_file);
-    let server = serve(&settings).await;
-    let xds_port = server
-        .running
-        .as_ref()
-        .and_then(|r| r.xds.as_ref())
-        .expect("xds on")
-        .addr
-        .port();
-
-    let admin = free_port();
-    let yaml = std::fs::read_to_string(workspace_root().join("envoy/ads.yaml"))
-        .expect("ads.yaml")
-        .replace("port_value: 18000", &format!("port_value: {xds_port}"))
-        .replace("port_value: 9901", &format!("port_value: {admin}"));
-    let envoy = tokio::task::block_in_place(|| Envoy::start(&yaml, admin));
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client");
+    let live = start_live(&env, env.settings()).await;
+    let LiveGateway {
+        server,
+        envoy,
+        port: listen_port,
+        client,
+        a,
+        b,
+    } = &live;
+    let listen_port = *listen_port;
     let user = env.user_token();
 
     // The toggle (default on) routes haiku to prov-b through the filter.
-    until(&client, listen_port, &user, "prov-b", "haiku-on-b", &envoy).await;
+    live.until(&user, "prov-b", "haiku-on-b").await;
 
     // jwt_authn fetches the keys from the discovery document's jwks_uri, not from the
     // <issuer>/.well-known/jwks.json default (pushed once discovered: bounded wait).
@@ -278,7 +62,7 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
         )
         .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    let kill = until(&client, listen_port, &user, "prov-a", "haiku-model", &envoy).await;
+    let kill = live.until(&user, "prov-a", "haiku-model").await;
     let r = server
         .post(
             "/api/v1/toggles/haiku-b/unkill",
@@ -287,18 +71,18 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
         )
         .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    let unkill = until(&client, listen_port, &user, "prov-b", "haiku-on-b", &envoy).await;
+    let unkill = live.until(&user, "prov-b", "haiku-on-b").await;
 
     // A policy edit is pushed: the toggle goes, haiku's gateway route moves to prov-b.
     std::fs::remove_file(policy.join("toggles/haiku-b.yaml")).expect("rm toggle");
-    write_gateway(&env, &a, &b, "prov-b");
-    let edit = until(&client, listen_port, &user, "prov-b", "haiku-model", &envoy).await;
+    write_gateway(&env, a, b, "prov-b");
+    let edit = live.until(&user, "prov-b", "haiku-model").await;
     eprintln!(
         "kill reached routing in {kill:?}, unkill in {unkill:?}, the policy edit in {edit:?}"
     );
 
     // An invalid edit (unknown upstream) is refused; the old policy keeps serving.
-    write_gateway(&env, &a, &b, "no-such-upstream");
+    write_gateway(&env, a, b, "no-such-upstream");
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         let st = server
@@ -322,9 +106,7 @@ async fn halo_server_pushes_policy_edits_and_kills_to_a_live_envoy() {
             .contains("no-such-upstream"),
         "{status}"
     );
-    let v = ask(&client, listen_port, &user)
-        .await
-        .expect("still served");
+    let v = ask(client, listen_port, &user).await.expect("still served");
     assert_eq!(
         (v["provider"].as_str(), v["model"].as_str()),
         (Some("prov-b"), Some("haiku-model"))

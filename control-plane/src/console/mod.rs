@@ -939,7 +939,16 @@ async fn kill(
     name: Path<String>,
     body: Bytes,
 ) -> Response {
-    change(state, s, headers, name, body, Action::Kill, Target::Experiment).await
+    change(
+        state,
+        s,
+        headers,
+        name,
+        body,
+        Action::Kill,
+        Target::Experiment,
+    )
+    .await
 }
 
 async fn unkill(
@@ -949,7 +958,16 @@ async fn unkill(
     name: Path<String>,
     body: Bytes,
 ) -> Response {
-    change(state, s, headers, name, body, Action::Unkill, Target::Experiment).await
+    change(
+        state,
+        s,
+        headers,
+        name,
+        body,
+        Action::Unkill,
+        Target::Experiment,
+    )
+    .await
 }
 
 async fn kill_toggle(
@@ -969,7 +987,16 @@ async fn unkill_toggle(
     name: Path<String>,
     body: Bytes,
 ) -> Response {
-    change(state, s, headers, name, body, Action::Unkill, Target::Toggle).await
+    change(
+        state,
+        s,
+        headers,
+        name,
+        body,
+        Action::Unkill,
+        Target::Toggle,
+    )
+    .await
 }
 
 async fn change(
@@ -993,16 +1020,7 @@ async fn change(
         groups: s.groups.clone(),
     };
     let reason = fields.get("reason").map(String::as_str).unwrap_or("");
-    match kill_or_unkill(
-        &console.app,
-        &admin,
-        action,
-        target,
-        &name,
-        reason,
-    )
-    .await
-    {
+    match kill_or_unkill(&console.app, &admin, action, target, &name, reason).await {
         // Post/redirect/get: the page shows the new state and the audit entry.
         Ok(_) => match target {
             Target::Experiment => {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod controller;
+pub mod gateway;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
