@@ -86,13 +86,6 @@ pub struct BootstrapArgs {
     /// "envoy bootstrap"). Unknown keys are errors.
     #[arg(long, value_name = "FILE")]
     gateway_settings: Option<PathBuf>,
-    /// Write one SDS file per provider key into DIR (references to the key's env variable
-    /// or file, never the key) and point the bootstrap at them, so a key file rotated by
-    /// a move is used without restarting Envoy. DIR must be an absolute path, as Envoy
-    /// sees it, and hold nothing else (Envoy watches it). Without it, keys are static
-    /// secrets read once at start.
-    #[arg(long, value_name = "DIR")]
-    secrets_dir: Option<PathBuf>,
     /// CA bundle (PEM, as Envoy sees it) that every https cluster (providers, JWKS, kill
     /// list) verifies its server's certificate against, the URL's host being the name it
     /// must carry. Default: the system bundle of this host (Debian, Ubuntu, Alpine and the
@@ -260,7 +253,6 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         gateway,
         admin_address,
         admin_port,
-        secrets_dir: args.secrets_dir.as_ref().map(|d| d.display().to_string()),
         evidence: None,
     };
     // Policy credentials the bootstrap cannot use (a key for a host that may not get one,
@@ -270,26 +262,6 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
             .context("planning the gateway")?
             .warnings,
     );
-    if let Some(dir) = &args.secrets_dir {
-        if !dir.is_absolute() {
-            return Err(Failure::Error(anyhow::anyhow!(
-                "--secrets-dir {} must be absolute (Envoy reads the bootstrap's paths as they are)",
-                dir.display()
-            )));
-        }
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let files = halo_envoy_config::bootstrap::standalone_secret_files(&snapshot, &opts)
-            .context("rendering the secret files")?;
-        for (name, text) in &files {
-            write_atomic(&dir.join(name), text.as_bytes(), 0o644)
-                .with_context(|| format!("writing {}", dir.join(name).display()))?;
-        }
-        eprintln!(
-            "wrote {} SDS secret file(s) into {}",
-            files.len(),
-            dir.display()
-        );
-    }
     for w in &warnings {
         eprintln!("halo: warning: {w}");
     }

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use halo_policy::Snapshot;
 
-use crate::credentials::{self, AttemptTarget, SecretDelivery};
+use crate::credentials::{self, AttemptTarget};
 use crate::names;
 use crate::plan::{
     self, AggregatePlan, BY_ROUTE_HEADER, FilterPlan, GatewaySettings, Plan, PlanError, RoutePlan,
@@ -33,10 +33,6 @@ pub struct Standalone {
     /// Admin address and port (stats, /ready). Keep it on loopback.
     pub admin_address: String,
     pub admin_port: u16,
-    /// Where the SDS file of each provider key lives, as Envoy sees it
-    /// ([`standalone_secret_files`] gives their contents): a rotated key file is then used
-    /// without a restart. `None`: static secrets, read once when Envoy starts.
-    pub secrets_dir: Option<String>,
     /// Where Envoy sends one evidence record per decided model call (halo-server's
     /// gateway receiver and its token); `None`: no export. Standalone only for now: the
     /// xDS translator does not render it yet.
@@ -47,13 +43,6 @@ impl Standalone {
     /// The plan for `snap`.
     pub fn plan(&self, snap: &Snapshot) -> Result<Plan, PlanError> {
         plan::plan(snap, &self.gateway)
-    }
-
-    fn delivery(&self) -> SecretDelivery<'_> {
-        match &self.secrets_dir {
-            Some(dir) => SecretDelivery::Files { dir },
-            None => SecretDelivery::Static,
-        }
     }
 }
 
@@ -132,7 +121,7 @@ pub fn target_cluster(t: &TargetPlan) -> Value {
 
 /// An aggregate cluster, Envoy JSON: its sub-clusters are priorities, tried in order; with
 /// the plan's attempt stage, the per-attempt chain runs as its upstream HTTP filters.
-pub fn aggregate_cluster(plan: &Plan, a: &AggregatePlan, delivery: SecretDelivery<'_>) -> Value {
+pub fn aggregate_cluster(plan: &Plan, a: &AggregatePlan) -> Value {
     let mut aggregate = json!({
         "name": a.name,
         "connect_timeout": format!("{SERVICE_CONNECT_TIMEOUT_SECONDS}s"),
@@ -147,7 +136,7 @@ pub fn aggregate_cluster(plan: &Plan, a: &AggregatePlan, delivery: SecretDeliver
     });
     if let Some(module) = &plan.attempt_stage {
         aggregate["typed_extension_protocol_options"] =
-            attempt_protocol_options(module, &plan.attempt_targets(a), delivery);
+            attempt_protocol_options(module, &plan.attempt_targets(a));
     }
     aggregate
 }
@@ -399,20 +388,12 @@ pub use crate::names::ATTEMPT_STAGE_CONFIGURATION;
 /// ([`credentials::attempt_chain`]), then the upstream codec. Upstream filters must sit on
 /// the aggregate: the ones on its sub-clusters do not run when a route goes through the
 /// aggregate (seen in Envoy 1.40). The protocol (HTTP/1.1) is the sub-clusters' default.
-pub fn attempt_protocol_options(
-    wasm_path: &str,
-    targets: &[AttemptTarget],
-    delivery: SecretDelivery<'_>,
-) -> Value {
+pub fn attempt_protocol_options(wasm_path: &str, targets: &[AttemptTarget]) -> Value {
     json!({
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http_protocol_options": {}},
-            "http_filters": credentials::attempt_chain(
-                attempt_filter(wasm_path),
-                targets,
-                delivery,
-            ),
+            "http_filters": credentials::attempt_chain(attempt_filter(wasm_path), targets),
         },
     })
 }
@@ -460,11 +441,7 @@ pub fn standalone(snap: &Snapshot, opts: &Standalone) -> Result<Value, PlanError
 fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanError> {
     let l = &plan.listener;
     let mut clusters: Vec<Value> = plan.targets.iter().map(target_cluster).collect();
-    clusters.extend(
-        plan.aggregates
-            .iter()
-            .map(|a| aggregate_cluster(plan, a, opts.delivery())),
-    );
+    clusters.extend(plan.aggregates.iter().map(|a| aggregate_cluster(plan, a)));
     clusters.extend(
         [&l.jwks, &l.killswitch]
             .into_iter()
@@ -505,7 +482,7 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
             "http_filters": http_filters,
         },
     });
-    let mut doc = json!({
+    let doc = json!({
         // SDS from a file (the Vertex token) needs a node id and cluster.
         "node": {"id": "halo", "cluster": "halo"},
         "admin": {"address": {"socket_address": {"address": opts.admin_address, "port_value": opts.admin_port}}},
@@ -521,29 +498,7 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
             "clusters": clusters,
         },
     });
-    if !plan.secrets.is_empty() && opts.secrets_dir.is_none() {
-        // References to where each key is read (env or file), never a value.
-        doc["static_resources"]["secrets"] = Value::Array(plan.secrets.clone());
-    }
     Ok(doc)
-}
-
-/// With [`Standalone::secrets_dir`]: the SDS files the bootstrap reads its provider keys'
-/// references from, as (file name in that directory, JSON text). Write them (atomically)
-/// before starting Envoy; they hold env or file references, never a key.
-pub fn standalone_secret_files(
-    snap: &Snapshot,
-    opts: &Standalone,
-) -> Result<Vec<(String, String)>, PlanError> {
-    if opts.secrets_dir.is_none() {
-        return Ok(Vec::new());
-    }
-    Ok(opts
-        .plan(snap)?
-        .secrets
-        .iter()
-        .filter_map(credentials::secret_file)
-        .collect())
 }
 
 /// The standalone bootstrap as the YAML file `halo envoy bootstrap` writes: a header

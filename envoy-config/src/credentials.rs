@@ -3,12 +3,14 @@
 //! whose target it belongs to (docs/ARCHITECTURE.md, "Per-attempt credentials", pinned in
 //! Envoy 1.40 by tests/tests/credentials.rs and tests/tests/providers.rs).
 //!
-//! Planned once (the gateway plan), printed by the standalone bootstrap (secrets as static
-//! resources or SDS files) and by halo-xds (secrets over ADS): the same JSON either way. No secret is ever in the configuration:
-//! a key is an Envoy `DataSource` naming the environment variable or file the policy's
-//! `credential` names; SigV4 uses Envoy's AWS default chain; the Vertex token is the SDS
-//! file halo-credentials keeps fresh (`vertexTokenSds`); `upstreamHeaders` values name
-//! environment variables through Envoy's `%ENVIRONMENT(VAR)%` formatter.
+//! Planned once (the gateway plan), printed by the standalone bootstrap and by halo-xds:
+//! the same JSON either way. No secret is ever in the configuration: a key is read at use
+//! time, per attempt, from the environment variable or file the policy's `credential`
+//! names ([`key_lua`]: one target's missing key fails that target alone, 502
+//! `upstream_auth_error`, and is used as soon as it is there); SigV4 uses Envoy's AWS
+//! default chain; the Vertex token is the SDS file halo-credentials keeps fresh
+//! (`vertexTokenSds`); `upstreamHeaders` values name environment variables through
+//! Envoy's `%ENVIRONMENT(VAR)%` formatter.
 
 use std::collections::BTreeMap;
 
@@ -278,11 +280,12 @@ pub enum TargetCredential {
     /// A bedrock target whose host may not receive the signature: left out of failover
     /// orders by the plan; alone in one, 502 bad_upstream.
     RefuseSigning { host: String },
-    /// A key from `source`, sent as `header` (with `Bearer ` for OpenAI).
+    /// Upstream `upstream`'s key, read from `source` at use time ([`key_lua`]), sent as
+    /// `header` (with `Bearer ` for OpenAI).
     Key {
         header: &'static str,
         bearer: bool,
-        secret: String,
+        upstream: String,
         source: SecretSource,
     },
     /// Google's access token (vertex) as `Authorization`, from the SDS file
@@ -294,11 +297,6 @@ impl TargetCredential {
     pub fn is_none(&self) -> bool {
         *self == TargetCredential::None
     }
-}
-
-/// The secret name of upstream `name`'s key.
-pub fn secret_name(upstream: &str) -> String {
-    format!("halo-credential-{upstream}")
 }
 
 fn is_aws_host(host: &str) -> bool {
@@ -394,7 +392,7 @@ pub fn target_credential(
                 TargetCredential::Key {
                     header,
                     bearer,
-                    secret: secret_name(name),
+                    upstream: name.to_string(),
                     source,
                 },
                 None,
@@ -431,16 +429,6 @@ pub fn target_credential(
         // The orchestrator handles provider auth itself (or gets upstreamHeaders).
         UpstreamKind::Orchestrator => (TargetCredential::None, None),
     }
-}
-
-/// The `Secret` resource (envoy.extensions.transport_sockets.tls.v3.Secret) of a key: a
-/// reference to where it is read, never the value. A file is re-read when replaced.
-pub fn secret(name: &str, source: &SecretSource) -> Value {
-    let data = match source {
-        SecretSource::Env(var) => json!({"environment_variable": var}),
-        SecretSource::File(path) => json!({"filename": path}),
-    };
-    json!({"name": name, "generic_secret": {"secret": data}})
 }
 
 /// Run `filter` only on attempts whose marker is `cluster`.
@@ -496,26 +484,92 @@ end
     )
 }
 
-/// How a key's secret is found: a static secret of the bootstrap (read once, at start),
-/// over ADS, or from an SDS file per secret in `dir` ([`secret_file`]), which Envoy watches
-/// together with the key file it names, so a rotated key is used without a restart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SecretDelivery<'a> {
-    Static,
-    Ads,
-    Files { dir: &'a str },
+/// How long (seconds, per Envoy worker) a key file's content is used before it is read
+/// again: a key written or rotated later is used within about this long.
+pub const KEY_FILE_REREAD_SECONDS: u32 = 1;
+
+/// `s` as a Lua string literal: printable ASCII kept, quotes and backslashes escaped,
+/// every other byte a decimal escape (a path or name cannot end the literal or the script).
+fn lua_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for b in s.bytes() {
+        match b {
+            b'"' | b'\\' => {
+                out.push('\\');
+                out.push(char::from(b));
+            }
+            b' '..=b'~' => out.push(char::from(b)),
+            _ => out.push_str(&format!("\\{b:03}")),
+        }
+    }
+    out.push('"');
+    out
 }
 
-/// The SDS file of the secret `secret` (a [`secret`] value) for [`SecretDelivery::Files`]:
-/// its name in the directory and its JSON text. It holds the reference (env or file),
-/// never the key.
-pub fn secret_file(secret: &Value) -> Option<(String, String)> {
-    let name = secret.get("name")?.as_str()?;
-    let mut resource = secret.clone();
-    resource["@type"] =
-        json!("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret");
-    let doc = json!({"resources": [resource]});
-    Some((format!("{name}.json"), format!("{doc:#}\n")))
+/// The per-attempt step that gives upstream `upstream`'s attempts its key as `header`
+/// (`Bearer <key>` when `bearer`), read where the policy's credential says at use time:
+/// the environment variable from Envoy's environment on each attempt, the file at most
+/// every [`KEY_FILE_REREAD_SECONDS`] per worker (trailing whitespace dropped). Nothing is
+/// read when Envoy loads its configuration, so a key that is missing cannot make Envoy
+/// refuse a configuration that carries the other targets' keys, and a key file that
+/// appears later is used without a restart (Envoy's environment is fixed when it starts:
+/// a variable set later needs a restart). A missing or empty key fails this target
+/// alone, closed: 502 `upstream_auth_error`, nothing sent upstream, an error line in
+/// Envoy's log naming the upstream and where its key was looked for, and
+/// [`crate::names::KEY_MISSING_HEADER`] for the halo filter's counter. The key is never logged.
+pub fn key_lua(upstream: &str, header: &str, bearer: bool, source: &SecretSource) -> String {
+    let name: String = upstream
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .collect();
+    let (prelude, read, place) = match source {
+        SecretSource::Env(var) => (
+            "",
+            format!("local key = os.getenv({})", lua_string(var)),
+            format!("environment variable {var} is not set in Envoy's environment"),
+        ),
+        SecretSource::File(path) => (
+            // Per worker (each has its own Lua state): the key and when it was read.
+            "local cache = {}\n",
+            format!(
+                r#"local now = os.time()
+  if cache.at == nil or now - cache.at >= {KEY_FILE_REREAD_SECONDS} then
+    local f = io.open({path}, "rb")
+    cache.key = nil
+    if f then
+      cache.key = string.gsub(f:read("*a") or "", "%s+$", "")
+      f:close()
+    end
+    cache.at = now
+  end
+  local key = cache.key"#,
+                path = lua_string(path)
+            ),
+            format!("file {path} cannot be read"),
+        ),
+    };
+    let prefix = if bearer { "\"Bearer \" .. " } else { "" };
+    let log = lua_string(&format!(
+        "halo: upstream {name} has no key ({place}); answered 502 upstream_auth_error"
+    ));
+    let body = lua_string(&format!(
+        r#"{{"type":"error","error":{{"type":"upstream_auth_error","message":"the gateway has no key for upstream {name}"}}}}"#
+    ));
+    format!(
+        r#"{prelude}function envoy_on_request(h)
+  {read}
+  if key == nil or key == "" then
+    h:logErr({log})
+    h:respond({{[":status"] = "502", ["content-type"] = "application/json", [{marker}] = {upstream}}}, {body})
+    return
+  end
+  h:headers():replace({header}, {prefix}key)
+end
+"#,
+        marker = lua_string(crate::names::KEY_MISSING_HEADER),
+        upstream = lua_string(&name),
+        header = lua_string(header),
+    )
 }
 
 /// What one target's attempts get after the per-attempt stage.
@@ -550,7 +604,7 @@ fn set_header(name: &str, value: &str) -> Value {
 /// The filters one target's attempts get after the stage: its `upstreamHeaders` (first,
 /// so a signature covers them and the gateway's credential overwrites a header of the
 /// same name), then its credential.
-pub fn target_filters(target: &AttemptTarget, delivery: SecretDelivery<'_>) -> Vec<Value> {
+pub fn target_filters(target: &AttemptTarget) -> Vec<Value> {
     let cluster = target.cluster.as_str();
     let mut out = Vec::new();
     if !target.headers.is_empty() {
@@ -606,32 +660,13 @@ pub fn target_filters(target: &AttemptTarget, delivery: SecretDelivery<'_>) -> V
         TargetCredential::Key {
             header,
             bearer,
-            secret,
-            ..
-        } => {
-            let mut credential = json!({"name": secret});
-            match delivery {
-                SecretDelivery::Static => {}
-                SecretDelivery::Ads => {
-                    credential["sds_config"] = json!({"ads": {}, "resource_api_version": "V3"});
-                }
-                SecretDelivery::Files { dir } => {
-                    credential["sds_config"] = json!({
-                        "path_config_source": {"path": format!("{}/{secret}.json", dir.trim_end_matches('/'))},
-                        "resource_api_version": "V3",
-                    });
-                }
-            }
-            let mut generic = json!({
-                "@type": "type.googleapis.com/envoy.extensions.http.injected_credentials.generic.v3.Generic",
-                "credential": credential,
-                "header": header,
-            });
-            if *bearer {
-                generic["header_value_prefix"] = json!("Bearer ");
-            }
-            out.push(injector(generic));
-        }
+            upstream,
+            source,
+        } => out.push(only_for(
+            &format!("halo.key.{cluster}"),
+            cluster,
+            lua(&key_lua(upstream, header, *bearer, source)),
+        )),
         // The file is Envoy's own (beside it, written by halo-credentials) in both modes:
         // Envoy reloads it when it is renamed over, so a rotated token needs no push.
         TargetCredential::Token { secret, sds_path } => out.push(injector(json!({
@@ -686,11 +721,7 @@ pub fn codec_filter() -> Value {
 /// An aggregate's upstream filters: `[stage, codec]` when none of its targets has a
 /// credential or `upstreamHeaders`, else `[reset, stage, each target's filters, unmark,
 /// codec]`.
-pub fn attempt_chain(
-    stage: Value,
-    targets: &[AttemptTarget],
-    delivery: SecretDelivery<'_>,
-) -> Vec<Value> {
+pub fn attempt_chain(stage: Value, targets: &[AttemptTarget]) -> Vec<Value> {
     if targets.iter().all(AttemptTarget::is_plain) {
         return vec![stage, codec_filter()];
     }
@@ -702,7 +733,7 @@ pub fn attempt_chain(
     extra.dedup();
     let mut chain = vec![reset_filter(&extra), stage];
     for t in targets {
-        chain.extend(target_filters(t, delivery));
+        chain.extend(target_filters(t));
     }
     chain.push(unmark_filter());
     chain.push(codec_filter());
@@ -803,20 +834,6 @@ mod tests {
     }
 
     #[test]
-    fn no_secret_value_is_ever_rendered() {
-        let s = secret("n", &SecretSource::File("/run/keys/k".into()));
-        assert_eq!(
-            s["generic_secret"]["secret"],
-            json!({"filename": "/run/keys/k"})
-        );
-        let s = secret("n", &SecretSource::Env("K".into()));
-        assert_eq!(
-            s["generic_secret"]["secret"],
-            json!({"environment_variable": "K"})
-        );
-    }
-
-    #[test]
     fn vertex_gets_the_token_file_only_on_googleapis_or_listed_hosts() {
         let mut u = up(
             "https://us-east5-aiplatform.googleapis.com",
@@ -863,13 +880,65 @@ mod tests {
             credential: target_credential("v", &u, &listed).0,
             headers: vec![],
         };
-        let f = &target_filters(&t, SecretDelivery::Ads)[0];
+        let f = &target_filters(&t)[0];
         let generic =
             &f["typed_config"]["extension_config"]["typed_config"]["credential"]["typed_config"];
         assert_eq!(generic["header"], "Authorization");
         assert_eq!(
             generic["credential"]["sds_config"]["path_config_source"]["path"],
             "/run/halo/sds/vertex.json"
+        );
+    }
+
+    #[test]
+    fn a_key_is_read_at_use_time_and_its_absence_fails_its_target_closed() {
+        let env = key_lua(
+            "openai",
+            "Authorization",
+            true,
+            &SecretSource::Env("OPENAI_KEY".into()),
+        );
+        assert!(env.contains(r#"os.getenv("OPENAI_KEY")"#), "{env}");
+        assert!(
+            env.contains(r#"h:headers():replace("Authorization", "Bearer " .. key)"#),
+            "{env}"
+        );
+        assert!(env.contains(r#"[":status"] = "502""#), "{env}");
+        assert!(
+            env.contains(r#"["x-halo-key-missing"] = "openai""#),
+            "{env}"
+        );
+        assert!(env.contains("upstream_auth_error"), "{env}");
+        // A path cannot end the Lua string it is written in.
+        let file = key_lua(
+            "az",
+            "api-key",
+            false,
+            &SecretSource::File("/keys/a\"b\\c\n".into()),
+        );
+        assert!(
+            file.contains(r#"io.open("/keys/a\"b\\c\010", "rb")"#),
+            "{file}"
+        );
+        assert!(
+            file.contains(r#"h:headers():replace("api-key", key)"#),
+            "{file}"
+        );
+        let t = AttemptTarget {
+            cluster: "c".into(),
+            credential: TargetCredential::Key {
+                header: "x-api-key",
+                bearer: false,
+                upstream: "anthropic".into(),
+                source: SecretSource::Env("K".into()),
+            },
+            headers: vec![],
+        };
+        let f = &target_filters(&t)[0];
+        assert_eq!(f["name"], "halo.key.c");
+        assert_eq!(
+            f["typed_config"]["extension_config"]["name"],
+            "envoy.filters.http.lua"
         );
     }
 
@@ -938,7 +1007,7 @@ mod tests {
                 ..AttemptTarget::default()
             },
         ];
-        let chain = attempt_chain(json!({"name": "stage"}), &targets, SecretDelivery::Static);
+        let chain = attempt_chain(json!({"name": "stage"}), &targets);
         let names: Vec<&str> = chain.iter().map(|f| f["name"].as_str().unwrap()).collect();
         assert_eq!(
             names,

@@ -55,3 +55,9 @@ pub const JWT_PAYLOAD_KEY: &str = "halo_jwt";
 /// verified payload there (its ABI reads no nested metadata). An `x-halo-*` name, so the
 /// filter's hygiene strips it before any upstream.
 pub const JWT_PAYLOAD_HEADER: &str = "x-halo-jwt-payload";
+
+/// The response header naming the upstream whose key was missing on a 502
+/// `upstream_auth_error` of the credential chain ([`crate::credentials::key_lua`]): the
+/// halo filter counts it per upstream (`halo_upstream_auth_errors`) and removes it before
+/// the client.
+pub const KEY_MISSING_HEADER: &str = "x-halo-key-missing";

@@ -16,7 +16,7 @@
 //! - one one-endpoint cluster per target: DNS or static, upstream TLS
 //!   ([`UpstreamTls::for_host`]), connect timeout, the breaker (outlier detection), the
 //!   endpoint metadata the per-attempt stage reads ([`target_metadata`]), its credential;
-//! - the keys' secrets (references, never values) and the operator's warnings.
+//! - the operator's warnings.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -196,10 +196,6 @@ pub struct Plan {
     /// aggregate (each attempt gets its target's model id); with the halo filter only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempt_stage: Option<String>,
-    /// The keys' secrets (where each is read: env or file, never a value), one per
-    /// credentialed upstream in use; sorted by name.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub secrets: Vec<Value>,
     /// Credentials configured but not used, and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -599,17 +595,12 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
         }
     }
 
-    let mut secrets: BTreeMap<String, Value> = BTreeMap::new();
     let mut warnings = Vec::new();
     for name in used_upstreams(snap) {
         let Some(u) = snap.upstreams.get(name) else {
             continue;
         };
-        let (cred, warning) = credentials::target_credential(name, u, &hosts);
-        warnings.extend(warning);
-        if let TargetCredential::Key { secret, source, .. } = &cred {
-            secrets.insert(secret.clone(), credentials::secret(secret, source));
-        }
+        warnings.extend(credentials::target_credential(name, u, &hosts).1);
     }
 
     let jwks = match snap.identity.as_ref().filter(|i| !i.issuer.is_empty()) {
@@ -674,7 +665,6 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
         aggregates: aggregates.into_values().collect(),
         targets: targets.into_values().collect(),
         attempt_stage: settings.halo_filter.then(|| settings.wasm_path.clone()),
-        secrets: secrets.into_values().collect(),
         warnings,
     })
 }
@@ -744,7 +734,14 @@ fn summary(c: &TargetCredential) -> String {
         TargetCredential::RefuseSigning { host } => {
             format!("refused: {host} may not be signed for")
         }
-        TargetCredential::Key { header, secret, .. } => format!("{header} from secret {secret}"),
+        TargetCredential::Key { header, source, .. } => match source {
+            credentials::SecretSource::Env(var) => {
+                format!("{header} from environment variable {var}, read at use time")
+            }
+            credentials::SecretSource::File(path) => {
+                format!("{header} from file {path}, read at use time")
+            }
+        },
         TargetCredential::Token { secret, sds_path } => {
             format!("Authorization from secret {secret} in SDS file {sds_path}")
         }
@@ -879,7 +876,6 @@ mod tests {
                 "%ENVIRONMENT(PROJ)%".to_string()
             )]
         );
-        assert!(p.secrets.is_empty(), "Envoy reads the token file itself");
         s.upstream_headers
             .insert("nope".into(), BTreeMap::from([("x".into(), "y".into())]));
         assert!(matches!(plan(&snap, &s), Err(PlanError::Credentials(_))));

@@ -43,7 +43,6 @@ pub fn golden_options() -> Standalone {
         },
         admin_address: "127.0.0.1".into(),
         admin_port: 9901,
-        secrets_dir: None,
         evidence: None,
     }
 }

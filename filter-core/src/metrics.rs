@@ -56,6 +56,9 @@ pub enum Counter<'a> {
         variant: Option<&'a str>,
         upstream: &'a str,
     },
+    /// Attempts refused 502 `upstream_auth_error` because the gateway has no key for
+    /// their upstream (its environment variable or file missing), by upstream.
+    UpstreamAuthErrors { upstream: &'a str },
 }
 
 /// How a token is billed (halo-providers' `usage::Usage` fields).
@@ -118,8 +121,13 @@ pub const COST_MICRO_USD: Definition = Definition {
     tags: &["ring", "variant", "upstream"],
 };
 
+pub const UPSTREAM_AUTH_ERRORS: Definition = Definition {
+    name: "upstream_auth_errors",
+    tags: &["upstream"],
+};
+
 /// Every counter.
-pub const ALL: [Definition; 8] = [
+pub const ALL: [Definition; 9] = [
     REQUESTS,
     AUTH_FAILURES,
     DECISIONS,
@@ -128,6 +136,7 @@ pub const ALL: [Definition; 8] = [
     PANICS,
     TOKENS,
     COST_MICRO_USD,
+    UPSTREAM_AUTH_ERRORS,
 ];
 
 /// The prefix of every counter name (and of every Prometheus label name).
@@ -152,6 +161,7 @@ impl Counter<'_> {
             Counter::Panics => PANICS,
             Counter::Tokens { .. } => TOKENS,
             Counter::CostMicroUsd { .. } => COST_MICRO_USD,
+            Counter::UpstreamAuthErrors { .. } => UPSTREAM_AUTH_ERRORS,
         }
     }
 
@@ -177,6 +187,7 @@ impl Counter<'_> {
                 source.to_string(),
             ],
             Counter::KillswitchFetch { outcome } => vec![outcome.to_string()],
+            Counter::UpstreamAuthErrors { upstream } => vec![upstream.to_string()],
             Counter::Tokens {
                 ring,
                 variant,

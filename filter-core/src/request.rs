@@ -22,6 +22,7 @@ use crate::host::{Host, Level, Next};
 use crate::hygiene;
 use crate::metrics::Counter;
 use crate::pipeline::{self, Forward, Head, Pending, PrefixEdit, Reply};
+use halo_envoy_config::names::KEY_MISSING_HEADER;
 
 /// The message of the answer when every target of a model call failed.
 pub const ALL_FAILED_MESSAGE: &str =
@@ -328,6 +329,15 @@ impl RequestFlow {
         policy: &impl Policy,
         end_of_stream: bool,
     ) -> Next {
+        // An attempt refused for its upstream's missing key (the credential chain's
+        // `upstream_auth_error`, which logged where the key was looked for): counted by
+        // upstream, the marker kept from the client.
+        if let Some(upstream) = host.response_header(KEY_MISSING_HEADER) {
+            host.count(Counter::UpstreamAuthErrors {
+                upstream: &upstream,
+            });
+            host.set_response_header(KEY_MISSING_HEADER, None);
+        }
         let Some(wire) = self.routed.take() else {
             return self.account_headers(host, policy, end_of_stream);
         };

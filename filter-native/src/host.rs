@@ -50,12 +50,13 @@ impl Telemetry for NativeHost<'_> {
             | Counter::CostMicroUsd { .. } => {
                 self.meter.tally.add(id, &counter.values(), amount);
             }
-            Counter::KillswitchFetch { .. } | Counter::AttemptRewrites | Counter::Panics => {
-                match id {
-                    Some(id) => self.s.increment(id, &counter.values(), amount),
-                    None => STAGE_COUNTS.add(&counter, amount),
-                }
-            }
+            Counter::KillswitchFetch { .. }
+            | Counter::UpstreamAuthErrors { .. }
+            | Counter::AttemptRewrites
+            | Counter::Panics => match id {
+                Some(id) => self.s.increment(id, &counter.values(), amount),
+                None => STAGE_COUNTS.add(&counter, amount),
+            },
         }
     }
 }

@@ -41,6 +41,7 @@ pub struct Meter {
     pub panics: Option<usize>,
     pub tokens: Option<usize>,
     pub cost_micro_usd: Option<usize>,
+    pub upstream_auth_errors: Option<usize>,
     /// Counts waiting for the next tick.
     pub tally: Tally,
 }
@@ -57,6 +58,7 @@ impl Meter {
             Counter::Panics => self.panics,
             Counter::Tokens { .. } => self.tokens,
             Counter::CostMicroUsd { .. } => self.cost_micro_usd,
+            Counter::UpstreamAuthErrors { .. } => self.upstream_auth_errors,
         }
     }
 }
@@ -224,6 +226,7 @@ impl Plugin {
             panics: define(envoy, metrics::PANICS),
             tokens: define(envoy, metrics::TOKENS),
             cost_micro_usd: define(envoy, metrics::COST_MICRO_USD),
+            upstream_auth_errors: define(envoy, metrics::UPSTREAM_AUTH_ERRORS),
             tally: Tally::default(),
         };
         let start = Starting {

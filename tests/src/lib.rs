@@ -617,9 +617,6 @@ pub struct GatewayOptions {
     /// Envoy's environment changes: `(name, Some(value))` sets, `(name, None)` removes
     /// (the AWS credential chain, key variables). Non-empty: one worker.
     pub env: Vec<(String, Option<String>)>,
-    /// Provider keys through SDS files written here (the bootstrap's `secrets_dir`),
-    /// instead of static secrets.
-    pub secrets_dir: Option<std::path::PathBuf>,
     /// The CA bundle upstream certificates are verified against; default the system's.
     pub upstream_ca_file: Option<std::path::PathBuf>,
     /// The JWKS URL (default: the issuer's `/.well-known/jwks.json`).
@@ -639,7 +636,6 @@ impl Default for GatewayOptions {
             wasm_path: None,
             jwt_payload_key: None,
             env: Vec::new(),
-            secrets_dir: None,
             upstream_ca_file: None,
             jwks_uri: None,
             callgrind: false,
@@ -688,18 +684,8 @@ impl Gateway {
             .expect("gateway settings"),
             admin_address: "127.0.0.1".into(),
             admin_port: admin,
-            secrets_dir: opts.secrets_dir.as_ref().map(|d| d.display().to_string()),
             evidence: opts.evidence,
         };
-        if let Some(dir) = &opts.secrets_dir {
-            for (name, text) in
-                halo_envoy_config::bootstrap::standalone_secret_files(&snapshot, &boot)
-                    .expect("render secret files")
-            {
-                halo_fsutil::write_atomic(&dir.join(name), text.as_bytes(), 0o600)
-                    .expect("write secret file");
-            }
-        }
         let mut doc =
             halo_envoy_config::bootstrap::standalone(&snapshot, &boot).expect("render bootstrap");
         if let Some(key) = &opts.jwt_payload_key {

@@ -173,7 +173,6 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
             .expect("settings"),
             admin_address: "127.0.0.1".into(),
             admin_port: 2,
-            secrets_dir: None,
             evidence: None,
         },
     )
@@ -220,14 +219,15 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
     assert!(!gw.envoy.logs().contains(KEY), "Envoy logged the key");
 }
 
+/// A key file is read at use time (#27 item 3): missing when Envoy starts, its target is
+/// refused 502 `upstream_auth_error` with nothing sent (and counted by upstream); once it
+/// is written the key is used, and a rotated one too, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_file_key_rotates_without_an_envoy_restart_with_sds_files() {
+async fn a_file_key_written_later_and_rotated_is_used_without_an_envoy_restart() {
     let issuer = Issuer::start().await;
     let provider = Provider::start("keyed").await;
     let keys = tempfile::tempdir().expect("key dir");
-    let secrets = tempfile::tempdir().expect("secrets dir");
     let key_file = keys.path().join("keyed.key");
-    std::fs::write(&key_file, "key-one").expect("key");
     let doc = json!({
         "schema": 1, "org": "rotate-org",
         "identity": {"issuer": issuer.url, "audience": halo_e2e::AUDIENCE,
@@ -244,14 +244,9 @@ async fn a_file_key_rotates_without_an_envoy_restart_with_sds_files() {
         snap,
         GatewayOptions {
             settings: json!({"upstreamHosts": ["127.0.0.1"]}),
-            secrets_dir: Some(secrets.path().to_path_buf()),
             ..GatewayOptions::default()
         },
     );
-    // The SDS file holds the reference, never the key.
-    let sds = std::fs::read_to_string(secrets.path().join("halo-credential-keyed.json"))
-        .expect("SDS file written");
-    assert!(sds.contains(&key_file.display().to_string()) && !sds.contains("key-one"));
     let token = bearer(&issuer.token("dev@acme.test", &[]));
     let body = json!({"model": "claude", "max_tokens": 8,
                       "messages": [{"role": "user", "content": "hi"}]});
@@ -261,27 +256,71 @@ async fn a_file_key_rotates_without_an_envoy_restart_with_sds_files() {
             .last()
             .and_then(|s| s.header("x-api-key").map(str::to_string))
     };
+    // No key file yet: refused, nothing sent, the marker kept from the client.
     let a = gw.post("/v1/messages", &claude_code(&token), &body).await;
-    assert_eq!(a.status, 200, "{}", a.text());
-    assert_eq!(last_key().as_deref(), Some("key-one"));
-    // Rotate the way secret managers do: a new file moved over the old one.
+    assert_eq!(a.status, 502, "{}", a.text());
+    assert_eq!(
+        a.json()["error"]["type"],
+        "upstream_auth_error",
+        "{}",
+        a.text()
+    );
+    assert_eq!(a.header("x-halo-key-missing"), None);
+    assert_eq!(provider.count(), 0, "nothing reached the provider");
+    assert!(
+        gw.envoy.logs().contains(&format!(
+            "halo: upstream keyed has no key (file {} cannot be read)",
+            key_file.display()
+        )),
+        "{}",
+        gw.envoy.logs()
+    );
+    let key_seen = |want: &'static str| {
+        let (gw, token, body) = (&gw, token.clone(), body.clone());
+        let last_key = &last_key;
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                let _ = gw.post("/v1/messages", &claude_code(&token), &body).await;
+                if last_key().as_deref() == Some(want) {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{want} never reached the provider; Envoy log:\n{}",
+                    gw.envoy.logs()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // The key written (atomically, as secret managers do, with a trailing newline).
     let next = keys.path().join("keyed.key.next");
+    std::fs::write(&next, "key-one\n").expect("key");
+    std::fs::rename(&next, &key_file).expect("write");
+    key_seen("key-one").await;
+    // Rotated: a new file moved over the old one.
     std::fs::write(&next, "key-two").expect("next key");
     std::fs::rename(&next, &key_file).expect("rotate");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    key_seen("key-two").await;
+    // Counted by upstream (the native build hands its counts over once a second).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let a = gw.post("/v1/messages", &claude_code(&token), &body).await;
-        assert_eq!(a.status, 200, "{}", a.text());
-        if last_key().as_deref() == Some("key-two") {
+        let counted = gw.filter_series();
+        if counted.iter().any(|(s, v)| {
+            s.starts_with("halo_upstream_auth_errors{")
+                && s.contains("halo_upstream=\"keyed\"")
+                && *v >= 1
+        }) {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the rotated key never reached the provider; Envoy log:\n{}",
-            gw.envoy.logs()
+            "the refusal is not counted by upstream: {counted:?}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    assert!(!gw.envoy.logs().contains("key-one"), "Envoy logged the key");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

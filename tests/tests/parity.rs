@@ -32,7 +32,14 @@ struct Fixture {
     backup: Provider,
     bedrock: FakeBedrock,
     hang: Hang,
+    keyed: Provider,
+    keyless: Provider,
 }
+
+/// A key in both Envoys' environment, and one that is in neither.
+const KEY_ENV: &str = "HALO_PARITY_KEY";
+const KEY: &str = "parity-gateway-key";
+const MISSING_KEY_ENV: &str = "HALO_PARITY_MISSING_KEY";
 
 /// A loopback URL nothing listens on: connections to it are refused.
 fn refused_url() -> String {
@@ -50,6 +57,8 @@ async fn fixture() -> Fixture {
     let limited = Provider::behaving("limited", Behaviour::Status(429)).await;
     let bedrock = FakeBedrock::start("us-east-1", StatusCode::OK).await;
     let hang = Hang::start().await;
+    let keyed = Provider::start("keyed").await;
+    let keyless = Provider::start("keyless").await;
     let failover = |first: &str, extra: Value| {
         let mut t = json!({"upstream": first, "model": format!("model-{first}")});
         if let (Some(t), Some(extra)) = (t.as_object_mut(), extra.as_object()) {
@@ -74,6 +83,9 @@ async fn fixture() -> Fixture {
             // A host outside AWS and signHosts: it may not receive the signature.
             "unsigned": {"url": bedrock.url.replace("127.0.0.1", "localhost"),
                          "kind": "bedrock", "region": "us-east-1"},
+            "keyed": {"url": keyed.url, "kind": "anthropic", "credential": {"env": KEY_ENV}},
+            "keyless": {"url": keyless.url, "kind": "anthropic",
+                        "credential": {"env": MISSING_KEY_ENV}},
         },
         "models": {
             "chat": [{"upstream": "primary", "model": "model-primary"}],
@@ -83,6 +95,8 @@ async fn fixture() -> Fixture {
             "on-hang": failover("hang", json!({"timeoutSeconds": 1})),
             "claude": [{"upstream": "bedrock", "model": BEDROCK_MODEL}],
             "on-unsigned": failover("unsigned", json!({})),
+            "keyed": [{"upstream": "keyed", "model": "model-keyed"}],
+            "keyless": [{"upstream": "keyless", "model": "model-keyless"}],
         },
         "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
         "experiments": [],
@@ -96,13 +110,17 @@ async fn fixture() -> Fixture {
         backup,
         bedrock,
         hang,
+        keyed,
+        keyless,
     }
 }
 
 /// The two gateways for the fixture's policy: standalone, then xDS (with its ADS server).
 async fn gateways(f: &Fixture) -> (Gateway, Gateway, halo_e2e::xds::Ads) {
     // Both Envoys sign with the test's key pair and nothing else of the AWS chain.
-    let env = aws_chain_env(Some((ACCESS_KEY, SECRET_KEY)));
+    let mut env = aws_chain_env(Some((ACCESS_KEY, SECRET_KEY)));
+    env.push((KEY_ENV, Some(KEY)));
+    env.push((MISSING_KEY_ENV, None));
     // The fakes listen on loopback: let them be signed for and receive the gateway's keys.
     let standalone = Gateway::start(
         f.snapshot.clone(),
@@ -117,6 +135,7 @@ async fn gateways(f: &Fixture) -> (Gateway, Gateway, halo_e2e::xds::Ads) {
     );
     let settings = halo_xds::GatewaySettings {
         sign_hosts: vec!["127.0.0.1".into()],
+        upstream_hosts: vec!["127.0.0.1".into()],
         ..halo_e2e::xds::settings(free_port())
     };
     let (ads, xds) = halo_e2e::xds::gateway(&f.snapshot, &settings, "gw-parity", &env).await;
@@ -414,6 +433,54 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
         }
     }
 
+    // A key missing from Envoy's environment fails its own target alone (#27 item 3):
+    // both Envoys run (a secret Envoy read at load made it refuse the whole
+    // configuration), the keyed target gets its key, the keyless one is refused 502
+    // upstream_auth_error with nothing sent, and the log names the upstream and variable.
+    for gw in [&standalone, &xds] {
+        let body = |alias: &str| msg(alias, false, 2).to_string().into_bytes();
+        let a = gw
+            .send(reqwest::Method::POST, "/v1/messages", &auth, body("keyed"))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        let a = gw
+            .send(
+                reqwest::Method::POST,
+                "/v1/messages",
+                &auth,
+                body("keyless"),
+            )
+            .await;
+        assert_eq!(a.status, 502, "{}", a.text());
+        assert_eq!(
+            a.json()["error"]["type"],
+            "upstream_auth_error",
+            "{}",
+            a.text()
+        );
+        assert_eq!(
+            a.header("x-halo-key-missing"),
+            None,
+            "the marker is the filter's"
+        );
+        let logs = gw.envoy.logs();
+        assert!(
+            logs.contains(&format!(
+                "halo: upstream keyless has no key (environment variable {MISSING_KEY_ENV} is not set"
+            )),
+            "{logs}"
+        );
+        assert!(!logs.contains(KEY), "Envoy logged a key");
+    }
+    assert_eq!(f.keyless.count(), 0, "nothing reached the keyless target");
+    let keys: Vec<_> = f
+        .keyed
+        .seen()
+        .iter()
+        .map(|s| s.header("x-api-key").map(str::to_string))
+        .collect();
+    assert_eq!(keys, [Some(KEY.to_string()), Some(KEY.to_string())]);
+
     // 3. An over-limit body: the filter's JSON 413 from both, announced and chunked.
     let over = msg("chat", false, 32 * MIB + MIB / 2)
         .to_string()
@@ -443,7 +510,10 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let (one, two) = loop {
         let (one, two) = (metrics(&standalone), metrics(&xds));
-        let counted = one.iter().any(|s| s.starts_with("halo_requests{"));
+        let counted = one.iter().any(|s| s.starts_with("halo_requests{"))
+            && one
+                .iter()
+                .any(|s| s.starts_with("halo_upstream_auth_errors{") && s.contains("\"keyless\""));
         if (counted && one == two) || std::time::Instant::now() > deadline {
             break (one, two);
         }
@@ -452,6 +522,11 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
     assert!(
         one.iter().any(|s| s.starts_with("halo_requests{")),
         "the filter counted the requests: {one:?}"
+    );
+    assert!(
+        one.iter()
+            .any(|s| s.starts_with("halo_upstream_auth_errors{") && s.contains("\"keyless\"")),
+        "the missing key is counted by upstream: {one:?}"
     );
     assert_eq!(one, two, "the modes name the filter's metrics differently");
 }

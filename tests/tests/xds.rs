@@ -193,12 +193,12 @@ async fn a_failover_through_xds_carries_the_next_targets_model_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_credential_reaches_its_target_through_sds_over_ads_and_nowhere_else() {
+async fn a_credential_reaches_its_target_and_nowhere_else() {
     let issuer = Issuer::start().await;
     let p = Providers::start().await;
     let mut snap = test_snapshot(&issuer.url, &p);
-    // prov-b's key is a reference to Envoy's environment, delivered as an SDS Secret over
-    // ADS; the value never passes through the control plane.
+    // prov-b's key is a reference to Envoy's environment, read by its credential step at
+    // use time; the value never passes through the control plane.
     if let Some(up) = snap.upstreams.get_mut("prov-b") {
         up.credential = Some(halo_policy::types::Credential {
             env: Some(PROV_B_KEY_ENV.into()),

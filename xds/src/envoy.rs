@@ -35,9 +35,6 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
     common_tls_context::ValidationContextType, subject_alt_name_matcher::SanType,
 };
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    GenericSecret, Secret, secret,
-};
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
     http_protocol_options::{
@@ -50,7 +47,7 @@ use envoy_types::pb::google::protobuf::{
 };
 use prost::{Message, Name};
 
-use halo_envoy_config::credentials::{self, AttemptTarget, SecretDelivery};
+use halo_envoy_config::credentials::{self, AttemptTarget};
 use halo_envoy_config::tls::{San, UpstreamTls};
 
 use crate::cache::Resource;
@@ -117,9 +114,6 @@ pub fn resources(plan: &Plan) -> Vec<Resource> {
             &a.name,
             &aggregate_cluster(a, plan.attempt_stage.as_deref(), &plan.attempt_targets(a)),
         ));
-    }
-    for s in &plan.secrets {
-        out.push(secret_resource(s));
     }
     // The JWKS cluster jwt_authn fetches keys through, and the kill-list cluster the
     // filter's poll (the fallback to the pushed kill list) goes through.
@@ -296,7 +290,7 @@ pub fn aggregate_cluster(
     let mut typed_extension_protocol_options = std::collections::HashMap::new();
     if let Some(wasm_path) = attempt_stage {
         let stage = halo_envoy_config::bootstrap::attempt_filter(wasm_path);
-        let chain = credentials::attempt_chain(stage, targets, SecretDelivery::Ads);
+        let chain = credentials::attempt_chain(stage, targets);
         let options = HttpProtocolOptions {
             upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
                 ExplicitHttpConfig {
@@ -592,29 +586,6 @@ pub fn service_cluster(j: &ServicePlan) -> Cluster {
             j.connect_timeout_seconds,
         )
     }
-}
-
-/// A key's Secret resource (SDS over ADS): a reference to the env variable or file,
-/// never the value. `secret` is halo-envoy-config's `credentials::secret` JSON.
-pub fn secret_resource(secret: &serde_json::Value) -> Resource {
-    let name = secret["name"].as_str().unwrap_or_default().to_string();
-    let data = &secret["generic_secret"]["secret"];
-    let specifier = if let Some(var) = data["environment_variable"].as_str() {
-        data_source::Specifier::EnvironmentVariable(var.to_string())
-    } else {
-        data_source::Specifier::Filename(data["filename"].as_str().unwrap_or_default().to_string())
-    };
-    let s = Secret {
-        name: name.clone(),
-        r#type: Some(secret::Type::GenericSecret(GenericSecret {
-            secret: Some(DataSource {
-                specifier: Some(specifier),
-                ..DataSource::default()
-            }),
-            ..GenericSecret::default()
-        })),
-    };
-    Resource::new(&name, &s)
 }
 
 /// The halo filter's ECDS resource: `filter` is halo-envoy-config's HTTP filter JSON
