@@ -233,6 +233,26 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
             }
         },
     };
+    let evidence = match (&args.evidence_url, &args.evidence_token_file) {
+        (Some(url), Some(token_file)) => {
+            let token = read(token_file, "OTLP gateway token file")?
+                .trim()
+                .to_string();
+            if token.is_empty() {
+                return Err(Failure::Error(anyhow::anyhow!(
+                    "--evidence-token-file {} is empty",
+                    token_file.display()
+                )));
+            }
+            secret = true;
+            Some(halo_envoy_config::evidence::Export {
+                url: url.clone(),
+                token_file: Some(token_file.display().to_string()),
+                token,
+            })
+        }
+        _ => None,
+    };
     let gateway = GatewaySettings {
         upstream_ca_file,
         listen_address,
@@ -245,15 +265,15 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
             &mut warnings,
         ),
         killswitch_url: args.killswitch_url.clone(),
+        evidence,
         ..GatewaySettings::default()
     }
     .with_filter_settings(settings)
     .context("the gateway settings")?;
-    let mut opts = Standalone {
+    let opts = Standalone {
         gateway,
         admin_address,
         admin_port,
-        evidence: None,
     };
     // Policy credentials the bootstrap cannot use (a key for a host that may not get one,
     // a bedrock host outside AWS and signHosts...): said now, and in the file's header.
@@ -264,22 +284,6 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
     );
     for w in &warnings {
         eprintln!("halo: warning: {w}");
-    }
-    if let (Some(url), Some(token_file)) = (&args.evidence_url, &args.evidence_token_file) {
-        let token = read(token_file, "OTLP gateway token file")?
-            .trim()
-            .to_string();
-        if token.is_empty() {
-            return Err(Failure::Error(anyhow::anyhow!(
-                "--evidence-token-file {} is empty",
-                token_file.display()
-            )));
-        }
-        opts.evidence = Some(halo_envoy_config::evidence::Export {
-            url: url.clone(),
-            token,
-        });
-        secret = true;
     }
     let source = args.policy_dir.display().to_string();
     let yaml =

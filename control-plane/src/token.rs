@@ -195,6 +195,13 @@ pub enum TokenFileError {
 /// Read an operator token file (one token; surrounding whitespace ignored), check its
 /// strength and keep only its digest.
 pub fn read_token_file(what: &'static str, path: &Path) -> Result<TokenDigest, TokenFileError> {
+    read_token(what, path).map(|token| TokenDigest::of(&token))
+}
+
+/// The token in `path` itself, checked as [`read_token_file`] checks it: for a token this
+/// server presents rather than verifies (the OTLP gateway token Envoy sends, pushed over
+/// xDS).
+pub fn read_token(what: &'static str, path: &Path) -> Result<String, TokenFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| TokenFileError::Read {
         what,
         path: path.display().to_string(),
@@ -206,7 +213,7 @@ pub fn read_token_file(what: &'static str, path: &Path) -> Result<TokenDigest, T
         path: path.display().to_string(),
         reason,
     })?;
-    Ok(TokenDigest::of(token))
+    Ok(token.to_string())
 }
 
 /// A fresh random token for enrollment and device credentials: 32 bytes as 64 hex

@@ -89,7 +89,9 @@ impl std::fmt::Debug for XdsOptions {
 }
 
 /// The gateway settings: the file's, with the filter's kill-switch settings (public key,
-/// gateway token) and the poll URL filled in from this server when the kill switch is on.
+/// gateway token) and the poll URL filled in from this server when the kill switch is on,
+/// and the evidence export's token read from its `tokenFile` (relative to the gateway
+/// file), by default this server's `--otlp-gateway-token-file`.
 fn gateway_settings(
     settings: &Settings,
     given: Option<GatewaySettings>,
@@ -107,6 +109,22 @@ fn gateway_settings(
         }
         (None, None) => GatewaySettings::default(),
     };
+    if let Some(export) = gs.evidence.as_mut().filter(|e| e.token.is_empty()) {
+        let base = settings
+            .xds_gateway_file
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .unwrap_or(std::path::Path::new(""));
+        let file = export
+            .token_file
+            .as_deref()
+            .map(|f| base.join(f))
+            .or_else(|| settings.evidence.gateway_token_file.clone())
+            .context(
+                "gateway settings: evidence needs tokenFile, or halo-server's --otlp-gateway-token-file",
+            )?;
+        export.token = crate::token::read_token("OTLP gateway token", &file)?;
+    }
     if let (Some(key_file), Some(token_file)) =
         (&settings.killswitch_key_file, &settings.gateway_token_file)
         && settings.kill_switch_enabled()
@@ -311,5 +329,49 @@ mod tests {
             .to_string();
         assert!(err.contains("wasmPth"), "{err}");
         assert!(err.contains("gw.yaml"), "{err}");
+    }
+
+    /// `evidence` in the gateway file: its token comes from `tokenFile` (relative to the
+    /// file) or the server's own gateway receiver token; never from the file itself.
+    #[test]
+    fn the_evidence_token_is_read_from_its_file_or_the_receivers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let token = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+        std::fs::write(dir.path().join("otlp.token"), format!("{token}\n")).expect("write");
+        let gw = dir.path().join("gw.yaml");
+        std::fs::write(
+            &gw,
+            "evidence: {url: \"http://halo-server:4319\", tokenFile: otlp.token}\n",
+        )
+        .expect("write");
+        let gs = gateway_settings(&settings(&gw), None, addr).expect("reads");
+        let export = gs.evidence.expect("evidence");
+        assert_eq!(
+            (export.url.as_str(), export.token.as_str()),
+            ("http://halo-server:4319", token)
+        );
+
+        std::fs::write(&gw, "evidence: {url: \"http://halo-server:4319\"}\n").expect("write");
+        let err = gateway_settings(&settings(&gw), None, addr)
+            .expect_err("no token anywhere")
+            .to_string();
+        assert!(err.contains("--otlp-gateway-token-file"), "{err}");
+        let mut with_receiver = settings(&gw);
+        with_receiver.evidence.gateway_token_file = Some(dir.path().join("otlp.token"));
+        let gs = gateway_settings(&with_receiver, None, addr).expect("the receiver's token");
+        assert_eq!(gs.evidence.expect("evidence").token, token);
+
+        std::fs::write(dir.path().join("otlp.token"), "secret").expect("write");
+        let err = gateway_settings(&with_receiver, None, addr)
+            .expect_err("a weak token is refused")
+            .to_string();
+        assert!(err.contains("openssl rand"), "{err}");
+
+        std::fs::write(&gw, "evidence: {url: \"http://h:4319\", token: x}\n").expect("write");
+        let err = gateway_settings(&with_receiver, None, addr)
+            .expect_err("the token itself is not a key")
+            .to_string();
+        assert!(err.contains("token"), "{err}");
     }
 }

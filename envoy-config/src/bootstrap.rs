@@ -33,10 +33,6 @@ pub struct Standalone {
     /// Admin address and port (stats, /ready). Keep it on loopback.
     pub admin_address: String,
     pub admin_port: u16,
-    /// Where Envoy sends one evidence record per decided model call (halo-server's
-    /// gateway receiver and its token); `None`: no export. Standalone only for now: the
-    /// xDS translator does not render it yet.
-    pub evidence: Option<crate::evidence::Export>,
 }
 
 impl Standalone {
@@ -80,16 +76,25 @@ fn one_endpoint_cluster(
     c
 }
 
-/// A service cluster (the JWKS, the kill list), Envoy JSON.
+/// A service cluster (the JWKS, the kill list, the evidence receiver), Envoy JSON.
 pub fn service_cluster(s: &ServicePlan) -> Value {
-    one_endpoint_cluster(
+    let mut c = one_endpoint_cluster(
         &s.cluster,
         &s.host,
         s.port,
         s.resolve,
         s.tls.as_ref(),
         s.connect_timeout_seconds,
-    )
+    );
+    if s.http2 {
+        c["typed_extension_protocol_options"] = json!({
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            },
+        });
+    }
+    c
 }
 
 /// A target's cluster, Envoy JSON: its endpoint carries the target's metadata, its outlier
@@ -443,7 +448,7 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
     let mut clusters: Vec<Value> = plan.targets.iter().map(target_cluster).collect();
     clusters.extend(plan.aggregates.iter().map(|a| aggregate_cluster(plan, a)));
     clusters.extend(
-        [&l.jwks, &l.killswitch]
+        [&l.jwks, &l.killswitch, &l.evidence]
             .into_iter()
             .flatten()
             .map(service_cluster),
@@ -455,14 +460,6 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
     }));
 
-    let mut access_logs = l.access_logs.clone();
-    if let Some(export) = &opts.evidence {
-        clusters.push(crate::evidence::cluster(
-            &export.url,
-            &opts.gateway.upstream_ca_file,
-        )?);
-        access_logs.push(crate::evidence::access_log(export));
-    }
     let hcm = json!({
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -470,7 +467,7 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
             "stat_prefix": l.name,
             "codec_type": "AUTO",
             "stream_idle_timeout": format!("{}s", l.stream_idle_timeout_seconds),
-            "access_log": access_logs,
+            "access_log": l.access_logs,
             "route_config": {
                 "name": plan.route.name,
                 "virtual_hosts": [{

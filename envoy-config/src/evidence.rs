@@ -171,15 +171,41 @@ pub const ATTRIBUTES: [&str; 19] = [
 pub const EVIDENCE_CLUSTER: &str = "halo-evidence";
 
 /// Where the gateway sends its evidence: halo-server's gateway receiver and its token.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// [`crate::plan::GatewaySettings::evidence`], the key `evidence` of the xDS gateway file
+/// (`{url, tokenFile}`); `halo envoy bootstrap --evidence-url --evidence-token-file` fills
+/// it for the standalone bootstrap.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Export {
     /// The receiver's URL (`http(s)://host:port`; spec :4319).
     pub url: String,
-    /// The OTLP gateway token, sent as `authorization: Bearer` gRPC metadata. It is in
-    /// the rendered configuration: Envoy's gRPC metadata has no file or SDS source, so
-    /// the rendered bootstrap is as secret as the token (written owner-only).
+    /// The file holding the OTLP gateway token, read by whoever loads the settings
+    /// (halo-server: default its own `--otlp-gateway-token-file`). Never the token itself:
+    /// settings files are not secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// The OTLP gateway token, sent as `authorization: Bearer` gRPC metadata; filled from
+    /// [`Self::token_file`] by the loader (this crate does no I/O). It is in the rendered
+    /// configuration: Envoy's gRPC `initial_metadata` has no file or SDS source, so the
+    /// standalone bootstrap is as secret as the token (written owner-only) and in xDS mode
+    /// it travels in the pushed listener, as the kill list's gateway token does in the
+    /// filter's pushed configuration. Never in Debug output or the plan's JSON.
+    #[serde(skip)]
     pub token: String,
 }
+
+impl std::fmt::Debug for Export {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export")
+            .field("url", &self.url)
+            .field("token_file", &self.token_file)
+            .field("token", &if self.token.is_empty() { "" } else { REDACTED })
+            .finish()
+    }
+}
+
+/// What a secret is printed as (Debug, the plan's JSON).
+pub const REDACTED: &str = "<redacted>";
 
 /// The OpenTelemetry access logger of the model listener: one record per decided model
 /// call (a request the filter stamped with a ring), batched by Envoy (flushed each
@@ -190,7 +216,7 @@ pub fn access_log(export: &Export) -> Value {
         .map(|(key, format)| json!({"key": key, "value": {"string_value": format}}))
         .collect();
     json!({
-        "name": "envoy.access_loggers.open_telemetry",
+        "name": ACCESS_LOGGER,
         // Only decided calls: the filter stamps x-halo-ring on those (a refusal, a model
         // list or a health check is not evidence).
         "filter": {"header_filter": {"header": {
@@ -215,18 +241,28 @@ pub fn access_log(export: &Export) -> Value {
     })
 }
 
-/// The receiver's cluster for its `url`: a service cluster of the gateway plan
-/// ([`ServicePlan`]), HTTP/2 (gRPC), TLS verified when the URL is https.
-pub fn cluster(url: &str, ca_file: &str) -> Result<Value, PlanError> {
-    let service = ServicePlan::new("evidence URL", EVIDENCE_CLUSTER, url, ca_file)?;
-    let mut c = crate::bootstrap::service_cluster(&service);
-    c["typed_extension_protocol_options"] = json!({
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
-        },
-    });
-    Ok(c)
+/// The access logger's extension name.
+pub const ACCESS_LOGGER: &str = "envoy.access_loggers.open_telemetry";
+
+/// The receiver's cluster for `export`: a service cluster of the gateway plan, HTTP/2
+/// (gRPC), TLS verified against `ca_file` (ALPN h2) when the URL is https.
+pub fn service(export: &Export, ca_file: &str) -> Result<ServicePlan, PlanError> {
+    Ok(ServicePlan::new("evidence.url", EVIDENCE_CLUSTER, &export.url, ca_file)?.grpc())
+}
+
+/// `log` (an access logger's Envoy JSON) with every gRPC `initial_metadata` value
+/// replaced by [`REDACTED`]: how the plan's JSON (the golden file) shows the logger.
+pub fn redacted(log: &Value) -> Value {
+    let mut log = log.clone();
+    if let Some(items) = log
+        .pointer_mut("/typed_config/grpc_service/initial_metadata")
+        .and_then(Value::as_array_mut)
+    {
+        for item in items {
+            item["value"] = json!(REDACTED);
+        }
+    }
+    log
 }
 
 #[cfg(test)]
@@ -245,10 +281,12 @@ mod tests {
 
     #[test]
     fn the_logger_sends_the_token_as_grpc_metadata_and_logs_only_decided_calls() {
-        let log = access_log(&Export {
+        let export = Export {
             url: "http://127.0.0.1:4319".into(),
+            token_file: None,
             token: "t".repeat(32),
-        });
+        };
+        let log = access_log(&export);
         let tc = &log["typed_config"];
         assert_eq!(
             tc["grpc_service"]["envoy_grpc"]["cluster_name"],
@@ -264,5 +302,18 @@ mod tests {
         );
         let text = log.to_string();
         assert!(!text.contains("x-halo-user"), "never the subject");
+        assert!(!redacted(&log).to_string().contains(&"t".repeat(32)));
+        assert!(!format!("{export:?}").contains(&"t".repeat(32)));
+        let s = service(&export, "/ca.pem").expect("service");
+        assert!(s.http2 && s.tls.is_none());
+        let s = service(
+            &Export {
+                url: "https://halo-server.example:4319".into(),
+                ..export
+            },
+            "/ca.pem",
+        )
+        .expect("service");
+        assert_eq!(s.tls.map(|t| t.alpn), Some("h2".to_string()));
     }
 }

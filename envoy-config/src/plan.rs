@@ -9,7 +9,8 @@
 //! What the plan decides (docs/ARCHITECTURE.md, "Gateway configuration"):
 //! - the listener: address, buffer limit ([`listener_buffer_limit`]), stream idle timeout,
 //!   access logs ([`access_logs`]), jwt_authn and the JWKS cluster, the halo filter and its
-//!   settings (the kill-list poll's cluster filled in), the kill-list cluster;
+//!   settings (the kill-list poll's cluster filled in), the kill-list cluster, the
+//!   evidence receiver's cluster (HTTP/2) its OpenTelemetry access logger sends to;
 //! - the route: the cluster header, retries ([`RETRY_ON`]), per-try timeouts per aggregate;
 //! - one aggregate per (route scope, alias, first pick) listing sub-clusters in failover
 //!   order ([`halo_policy::cluster_names::route_aggregates`]);
@@ -101,6 +102,10 @@ pub struct GatewaySettings {
     /// Per policy upstream name, headers set on its attempts; `${VAR}` is read from
     /// Envoy's environment.
     pub upstream_headers: BTreeMap<String, BTreeMap<String, String>>,
+    /// Where Envoy sends one evidence record per decided model call (halo-server's
+    /// gateway receiver, `{url, tokenFile}`): the OpenTelemetry access logger
+    /// ([`access_logs`]) and its HTTP/2 service cluster. `None`: no export.
+    pub evidence: Option<crate::evidence::Export>,
 }
 
 impl GatewaySettings {
@@ -159,6 +164,7 @@ impl Default for GatewaySettings {
             vertex_token_sds: None,
             vertex_token_secret: None,
             upstream_headers: BTreeMap::new(),
+            evidence: None,
         }
     }
 }
@@ -233,6 +239,10 @@ pub struct ListenerPlan {
     /// The kill-list server's cluster (the filter's poll).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub killswitch: Option<ServicePlan>,
+    /// The evidence receiver's cluster (HTTP/2), which the OpenTelemetry access logger
+    /// among [`Self::access_logs`] sends to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<ServicePlan>,
     /// The halo filter; `None`: no halo filter (routing-layer tests only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filter: Option<FilterPlan>,
@@ -242,8 +252,15 @@ pub struct ListenerPlan {
     pub stream_idle_timeout_seconds: u32,
     /// Room for a whole model call ([`listener_buffer_limit`]).
     pub per_connection_buffer_limit_bytes: u32,
-    /// The HTTP connection manager's access loggers, Envoy JSON ([`access_logs`]).
+    /// The HTTP connection manager's access loggers, Envoy JSON ([`access_logs`]). In
+    /// the plan's JSON with gRPC metadata values redacted: the evidence logger's carries
+    /// the OTLP gateway token.
+    #[serde(serialize_with = "redacted_logs")]
     pub access_logs: Vec<Value>,
+}
+
+fn redacted_logs<S: serde::Serializer>(logs: &[Value], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(logs.iter().map(crate::evidence::redacted))
 }
 
 /// The halo filter in the listener's chain.
@@ -276,6 +293,9 @@ pub struct ServicePlan {
     /// SAN for an IP literal).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<UpstreamTls>,
+    /// Spoken over HTTP/2 (a gRPC service: the evidence receiver); HTTP/1.1 otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub http2: bool,
 }
 
 impl ServicePlan {
@@ -296,7 +316,17 @@ impl ServicePlan {
             connect_timeout_seconds: SERVICE_CONNECT_TIMEOUT_SECONDS,
             host: ep.host,
             port: ep.port,
+            http2: false,
         })
+    }
+
+    /// This service as a gRPC one: HTTP/2, and ALPN h2 when TLS.
+    pub fn grpc(mut self) -> ServicePlan {
+        self.http2 = true;
+        if let Some(tls) = &mut self.tls {
+            tls.alpn = crate::tls::ALPN_H2.to_string();
+        }
+        self
     }
 }
 
@@ -402,6 +432,8 @@ pub enum PlanError {
     Settings,
     #[error("settings: {0}")]
     Credentials(#[from] SettingsError),
+    #[error("settings: evidence has no token (its tokenFile was not read)")]
+    EvidenceToken,
 }
 
 /// A parsed http(s) URL: what a cluster needs.
@@ -460,8 +492,11 @@ pub fn listener_buffer_limit(settings: &Value) -> u32 {
 /// response's first byte (ms). Never a body, a header value other than the filter's own
 /// stamps, a query string, the path, or a user id (invariant 6): the filter's `x-halo-user`
 /// stamp is not among the fields.
-pub fn access_logs(_settings: &GatewaySettings) -> Vec<Value> {
-    vec![json!({
+///
+/// With [`GatewaySettings::evidence`], the evidence record: Envoy's OpenTelemetry access
+/// logger ([`crate::evidence::access_log`]) to the evidence cluster.
+pub fn access_logs(settings: &GatewaySettings) -> Vec<Value> {
+    let mut logs = vec![json!({
         "name": "envoy.access_loggers.stdout",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
@@ -481,7 +516,9 @@ pub fn access_logs(_settings: &GatewaySettings) -> Vec<Value> {
                 "firstByteMs": "%RESPONSE_DURATION%",
             }},
         },
-    })]
+    })];
+    logs.extend(settings.evidence.iter().map(crate::evidence::access_log));
+    logs
 }
 
 /// A target endpoint's `filter_metadata.halo`, sorted by key: what the per-attempt stage
@@ -630,6 +667,11 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             )
         })
         .transpose()?;
+    let evidence = match &settings.evidence {
+        Some(e) if e.token.is_empty() => return Err(PlanError::EvidenceToken),
+        Some(e) => Some(crate::evidence::service(e, &settings.upstream_ca_file)?),
+        None => None,
+    };
     let jwt_authn = jwks
         .as_ref()
         .and_then(|j| crate::bootstrap::jwt_authn(snap, &j.uri, &settings.wasm_path));
@@ -652,6 +694,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             jwt_authn,
             jwks,
             killswitch,
+            evidence,
             filter,
             name: settings.listener_name.clone(),
             address: settings.listen_address.clone(),

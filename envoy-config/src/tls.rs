@@ -60,11 +60,22 @@ pub struct UpstreamTls {
     pub san: San,
     /// The CA bundle (PEM file, as Envoy sees it) the chain must lead to.
     pub trusted_ca: String,
+    /// The one protocol offered by ALPN: [`ALPN`] (HTTP/1.1) but for a gRPC service
+    /// ([`ALPN_H2`]), whose server may refuse a handshake that offers no h2.
+    #[serde(skip_serializing_if = "is_http11")]
+    pub alpn: String,
+}
+
+fn is_http11(alpn: &str) -> bool {
+    alpn == ALPN
 }
 
 /// The ALPN the clusters offer: the sub-clusters speak HTTP/1.1 (the aggregate's protocol
 /// options), so a server must not pick h2.
 pub const ALPN: &str = "http/1.1";
+
+/// The ALPN of an HTTP/2 (gRPC) service cluster: halo-server's evidence receiver.
+pub const ALPN_H2: &str = "h2";
 
 impl UpstreamTls {
     /// Verification of `host` (as parsed from the URL, brackets removed) against
@@ -79,6 +90,7 @@ impl UpstreamTls {
                 San::Dns(host.to_string())
             },
             trusted_ca: trusted_ca.to_string(),
+            alpn: ALPN.to_string(),
         }
     }
 
@@ -96,7 +108,7 @@ impl UpstreamTls {
         let mut tls = json!({
             "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
             "common_tls_context": {
-                "alpn_protocols": [ALPN],
+                "alpn_protocols": [self.alpn],
                 "validation_context": {
                     "trusted_ca": {"filename": self.trusted_ca},
                     "match_typed_subject_alt_names": [{

@@ -1,5 +1,6 @@
 //! Golden tests: the gateway plan of the acme-corp example under the default gateway
-//! settings (`tests/golden/acme-corp.plan.json`, every decision as reviewed JSON), and
+//! settings plus an evidence export (`tests/golden/acme-corp.plan.json`, every decision
+//! as reviewed JSON, the OTLP token redacted), and
 //! envoy/standalone.yaml, exactly what the standalone emitter makes of that example with
 //! the documented flags. Regenerate with `UPDATE_GOLDEN=1 cargo test -p
 //! halo-envoy-config` (the same as `halo envoy bootstrap --policy-dir examples/acme-corp
@@ -43,7 +44,6 @@ pub fn golden_options() -> Standalone {
         },
         admin_address: "127.0.0.1".into(),
         admin_port: 9901,
-        evidence: None,
     }
 }
 
@@ -53,15 +53,29 @@ fn acme() -> halo_policy::Snapshot {
     halo_policy::compile(&org)
 }
 
+/// The gateway settings the golden plan is made with: the defaults, plus the evidence
+/// export to a gateway receiver (the xDS gateway file's `evidence` key).
+pub fn golden_plan_settings() -> GatewaySettings {
+    GatewaySettings {
+        evidence: Some(halo_envoy_config::evidence::Export {
+            url: "https://halo-server.acme.internal:4319".into(),
+            token_file: Some("/etc/halo/otlp-gateway.token".into()),
+            token: "REPLACE-WITH-THE-OTLP-GATEWAY-TOKEN".into(),
+        }),
+        ..GatewaySettings::default()
+    }
+}
+
 #[test]
 fn acme_corp_plan_matches_the_golden_file() {
-    let plan = halo_envoy_config::plan::plan(
-        &acme(),
-        &halo_envoy_config::plan::GatewaySettings::default(),
-    )
-    .expect("example plans");
+    let plan =
+        halo_envoy_config::plan::plan(&acme(), &golden_plan_settings()).expect("example plans");
     let mut actual = serde_json::to_string_pretty(&plan).expect("plan serializes");
     actual.push('\n');
+    assert!(
+        !actual.contains("REPLACE-WITH-THE-OTLP-GATEWAY-TOKEN"),
+        "the token is never in the plan's JSON"
+    );
     let path = root().join("envoy-config/tests/golden/acme-corp.plan.json");
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, &actual).expect("write golden file");

@@ -674,6 +674,7 @@ impl Gateway {
                     .to_string(),
                 jwks_uri: opts.jwks_uri,
                 killswitch_url: opts.killswitch_url,
+                evidence: opts.evidence,
                 upstream_ca_file: opts.upstream_ca_file.map_or_else(
                     || halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.to_string(),
                     |f| f.display().to_string(),
@@ -684,7 +685,6 @@ impl Gateway {
             .expect("gateway settings"),
             admin_address: "127.0.0.1".into(),
             admin_port: admin,
-            evidence: opts.evidence,
         };
         let mut doc =
             halo_envoy_config::bootstrap::standalone(&snapshot, &boot).expect("render bootstrap");

@@ -68,7 +68,6 @@ async fn a_bad_filter_configuration_refuses_to_start_naming_the_field() {
         },
         admin_address: "127.0.0.1".into(),
         admin_port: admin,
-        evidence: None,
     };
     let doc = halo_envoy_config::bootstrap::standalone(&snap, &opts).expect("render");
     let dir = tempfile_dir();

@@ -1,11 +1,14 @@
-//! Evidence end to end, in one Envoy (the build `HALO_FILTER` selects; scripts/test.sh
-//! runs this binary with both): the filter accounts each decided model call, Envoy's
-//! OpenTelemetry access logger sends one OTLP record per call to a real halo-server
-//! gateway receiver (in-process, its embedded store), with the gateway token as gRPC
+//! Evidence end to end, in both gateway modes (the build `HALO_FILTER` selects;
+//! scripts/test.sh runs this binary with both): the filter accounts each decided model
+//! call, Envoy's OpenTelemetry access logger sends one OTLP record per call to a real
+//! halo-server gateway receiver (its embedded store), with the gateway token as gRPC
 //! metadata. A JSON call, an SSE call, a Bedrock event-stream call and a failover call
 //! each land as exactly one record with the tokens the client saw, the cost from the
 //! policy's prices and the attempts Envoy made; Envoy's Prometheus counts the same
-//! tokens and cost by ring, variant and upstream.
+//! tokens and cost by ring, variant and upstream. The same scenario runs against a
+//! standalone bootstrap (`halo envoy bootstrap --evidence-url`) and against an Envoy fed
+//! over xDS by halo-server, whose gateway file names its own receiver (`evidence.url`)
+//! and whose `--otlp-gateway-token-file` supplies the token.
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
 // #[test] functions, and this in the helpers beside them.
@@ -18,6 +21,7 @@ use halo_e2e::*;
 use halo_evidence::Source;
 use halo_providers::eventstream::Decoder;
 use halo_server::evidence::EvidenceSettings;
+use halo_testkit::envoy::Envoy;
 use halo_testkit::provider::WireProvider;
 use halo_testkit::wait_until;
 use serde_json::{Value, json};
@@ -152,63 +156,214 @@ fn assert_served(r: &Row, alias: &str, model: &str, usage: (i64, i64), attempts:
     assert!(!r.unit.contains("erin"), "never the subject");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_prometheus() {
+/// The test policy as a policy directory (what halo-server serves; the standalone
+/// gateway gets the same directory compiled), written as a real one must be (https
+/// issuer and upstreams); [`loopback`] points them at this test's fakes after validation,
+/// as halo-demo does. `opus` on bedrock has no price, `fo` fails over from a target
+/// answering 503.
+fn write_policy(dir: &std::path::Path) {
+    let files = [
+        (
+            "halos.yaml",
+            format!(
+                "apiVersion: halos.dev/v1\norg: test-org\nidentity:\n  issuer: https://issuer.invalid\n  clientID: evidence-tests\n  audience: {AUDIENCE}\n  adminGroups: [admins]\n  claims: {{user: email, groups: groups}}\n"
+            ),
+        ),
+        (
+            "gateway.yaml",
+            format!(
+                "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\n\
+                 protocols: {{claude-code: anthropic-messages, codex: openai-responses, gemini-cli: gemini}}\n\
+                 upstreams:\n  wire: {{url: \"https://wire.invalid\", kind: anthropic}}\n\
+                 \x20 bedrock: {{url: \"https://bedrock.invalid\", kind: bedrock}}\n  down: {{url: \"https://down.invalid\", kind: anthropic}}\n\
+                 models:\n  sonnet: {{upstream: wire, model: claude-sonnet-4-5}}\n  stream: {{upstream: wire, model: claude-sonnet-4-5}}\n\
+                 \x20 opus: {{upstream: bedrock, model: anthropic.claude-opus-4-1}}\n  after: {{upstream: wire, model: claude-sonnet-4-5}}\n\
+                 \x20 fo:\n    targets:\n      - {{upstream: down, model: claude-sonnet-4-5}}\n      - {{upstream: wire, model: claude-sonnet-4-5, priority: 1}}\n\
+                 prices:\n  wire:\n    claude-sonnet-4-5: {{input: {}, output: {}}}\n",
+                SONNET.0, SONNET.1
+            ),
+        ),
+        (
+            "rings.yaml",
+            "apiVersion: halos.dev/v1\nkind: Ring\nname: general\norder: 9\nprofile: dev\nmembership:\n  default: true\n".to_string(),
+        ),
+        (
+            "profile.yaml",
+            "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nmodels: [sonnet, stream, opus, after, fo]\n".to_string(),
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).expect("write a policy file");
+    }
+}
+
+/// The compiled policy pointed at this test's fakes: the issuer, and each upstream at
+/// the fake provider of its name (`down` answers 503, the others are the wire provider).
+fn loopback(issuer: &str, wire: &str, down: &str) -> halo_xds::source::Transform {
+    let (issuer, wire, down) = (issuer.to_string(), wire.to_string(), down.to_string());
+    std::sync::Arc::new(move |mut snap: halo_policy::Snapshot| {
+        if let Some(id) = snap.identity.as_mut() {
+            id.issuer = issuer.clone();
+        }
+        for (name, u) in &mut snap.upstreams {
+            u.url = if name == "down" {
+                down.clone()
+            } else {
+                wire.clone()
+            };
+        }
+        snap
+    })
+}
+
+/// What both modes share: the receiver's token file, the fake issuer and providers, the
+/// policy directory and the transform pointing it at them.
+struct Fixture {
+    dir: tempfile::TempDir,
+    token_file: std::path::PathBuf,
+    policy: std::path::PathBuf,
+    loopback: halo_xds::source::Transform,
+    issuer: Issuer,
+    _wire: WireProvider,
+    down: Provider,
+}
+
+async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let token_file = dir.path().join("otlp-gateway.token");
     std::fs::write(&token_file, GATEWAY_TOKEN).expect("token file");
+    let issuer = Issuer::start().await;
+    let wire = WireProvider::start(false).await.expect("wire provider");
+    let down = Provider::behaving("down", Behaviour::Status(503)).await;
+    let policy = dir.path().join("policy");
+    std::fs::create_dir(&policy).expect("policy dir");
+    std::fs::create_dir(dir.path().join("data")).expect("data dir");
+    write_policy(&policy);
+    Fixture {
+        loopback: loopback(&issuer.url, &wire.url(), &down.url),
+        dir,
+        token_file,
+        policy,
+        issuer,
+        _wire: wire,
+        down,
+    }
+}
+
+impl Fixture {
+    /// The policy as the gateway serves it.
+    fn snapshot(&self) -> halo_policy::Snapshot {
+        (self.loopback)(halo_xds::source::load_policy(&self.policy).expect("the test policy"))
+    }
+}
+
+/// A standalone gateway exporting to an in-process gateway receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_each_decided_call_is_one_record_at_the_gateway_receiver_and_counted() {
+    let f = fixture().await;
+    let data = f.dir.path().join("data");
     let settings = EvidenceSettings {
         gateway_listen: Some("127.0.0.1:0".parse().expect("addr")),
-        gateway_token_file: Some(token_file),
+        gateway_token_file: Some(f.token_file.clone()),
         ..EvidenceSettings::default()
     };
-    let receivers = halo_server::evidence::start(&settings, Some(dir.path()))
+    let receivers = halo_server::evidence::start(&settings, Some(&data))
         .await
         .expect("receivers")
         .expect("a receiver");
     let receiver = receivers.addr(Source::Gateway).expect("gateway receiver");
-    let db = dir.path().join("evidence.db");
-
-    let issuer = Issuer::start().await;
-    let wire = WireProvider::start(false).await.expect("wire provider");
-    let down = Provider::behaving("down", Behaviour::Status(503)).await;
-    let t = |up: &str, model: &str| json!({"upstream": up, "model": model});
-    let snapshot = json!({
-        "schema": 1, "org": "test-org",
-        "identity": {"issuer": issuer.url, "audience": AUDIENCE, "claims": {"user": "email", "groups": "groups"}},
-        "protocols": {"claude-code": "anthropic-messages", "codex": "openai-responses", "gemini-cli": "gemini"},
-        "upstreams": {
-            "wire": {"url": wire.url(), "kind": "anthropic"},
-            "bedrock": {"url": wire.url(), "kind": "bedrock"},
-            "down": {"url": down.url, "kind": "anthropic"},
-        },
-        "models": {
-            "sonnet": [t("wire", "claude-sonnet-4-5")],
-            "stream": [t("wire", "claude-sonnet-4-5")],
-            "opus": [t("bedrock", "anthropic.claude-opus-4-1")],
-            "after": [t("wire", "claude-sonnet-4-5")],
-            "fo": [t("down", "claude-sonnet-4-5"),
-                   {"upstream": "wire", "model": "claude-sonnet-4-5", "priority": 1}],
-        },
-        "rings": [{"name": "general", "order": 9, "membership": {"default": true}}],
-        "experiments": [], "toggles": [],
-        "prices": {"wire": {"claude-sonnet-4-5": {"input": SONNET.0, "output": SONNET.1}}},
-    });
-    let snapshot =
-        halo_policy::Snapshot::from_bytes(snapshot.to_string().as_bytes()).expect("snapshot");
     let gw = tokio::task::block_in_place(|| {
         Gateway::start(
-            snapshot,
+            f.snapshot(),
             GatewayOptions {
                 evidence: Some(halo_envoy_config::evidence::Export {
                     url: format!("http://{receiver}"),
+                    token_file: None,
                     token: GATEWAY_TOKEN.into(),
                 }),
                 ..GatewayOptions::default()
             },
         )
     });
-    let auth = bearer(&issuer.token(USER, &[]));
+    scenario(&f, &gw, &data.join("evidence.db")).await;
+    receivers.shutdown().await;
+}
+
+/// halo-server serving xDS and its own gateway receiver; its gateway file says where
+/// evidence goes, its receiver's token file supplies the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_xds_each_decided_call_is_one_record_at_halo_servers_receiver_and_counted() {
+    let f = fixture().await;
+    let data = f.dir.path().join("data");
+    let receiver = format!("127.0.0.1:{}", halo_testkit::free_port());
+    let listen_port = halo_testkit::free_port();
+    let gateway_file = f.dir.path().join("xds-gateway.yaml");
+    std::fs::write(
+        &gateway_file,
+        format!(
+            "listenAddress: 127.0.0.1\nlistenPort: {listen_port}\nwasmPath: {}\nupstreamHosts: [127.0.0.1]\nevidence: {{url: \"http://{receiver}\"}}\n",
+            halo_testkit::filter_module().display()
+        ),
+    )
+    .expect("gateway file");
+    let settings = halo_server::config::Settings {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        policy_dir: f.policy.clone(),
+        data_dir: Some(data.clone()),
+        killswitch_key_file: None,
+        gateway_token_file: None,
+        token_file: None,
+        device_ttl: Duration::from_secs(3600),
+        enrollment_ttl: Duration::from_secs(3600),
+        oidc_ca_file: None,
+        max_body_bytes: 4096,
+        xds_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        xds_gateway_file: Some(gateway_file),
+        evidence: EvidenceSettings {
+            gateway_listen: Some(receiver.parse().expect("addr")),
+            gateway_token_file: Some(f.token_file.clone()),
+            ..EvidenceSettings::default()
+        },
+        console_url: None,
+        controller: Default::default(),
+    };
+    let server = halo_server::server::start_with(
+        &settings,
+        halo_server::xds::XdsOptions {
+            gateway: None,
+            transform: Some(f.loopback.clone()),
+        },
+    )
+    .await
+    .expect("halo-server starts");
+    let ads = server.xds.as_ref().expect("xDS host").addr.port();
+    let admin = halo_testkit::free_port();
+    let envoy = tokio::task::block_in_place(|| {
+        Envoy::start(
+            &halo_e2e::xds::ads_bootstrap("halo-gateway", ads, admin),
+            admin,
+        )
+    });
+    let gw = Gateway {
+        envoy,
+        port: listen_port,
+        base: format!("http://127.0.0.1:{listen_port}"),
+        snapshot: f.snapshot(),
+        client: client_builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client"),
+    };
+    halo_e2e::xds::wait_serving(&gw).await;
+    scenario(&f, &gw, &data.join("evidence.db")).await;
+    server.shutdown().await;
+}
+
+/// The calls and what each must leave: one record per decided call in the store at
+/// `db`, and the same tokens and cost in Envoy's Prometheus.
+async fn scenario(f: &Fixture, gw: &Gateway, db: &std::path::Path) {
+    let auth = bearer(&f.issuer.token(USER, &[]));
     let headers = [("authorization", auth.as_str())];
     let content = "one two three four five";
 
@@ -221,7 +376,7 @@ async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_
         u["input_tokens"].as_i64().expect("input"),
         u["output_tokens"].as_i64().expect("output"),
     );
-    let r = record(&db, "sonnet");
+    let r = record(db, "sonnet");
     assert_served(&r, "sonnet", "claude-sonnet-4-5", json_usage, 1);
     let want = cost(json_usage, SONNET);
     assert!(r.cost.is_some_and(|c| (c - want).abs() < 1e-12), "{r:?}");
@@ -233,7 +388,7 @@ async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_
     assert_eq!(a.status, 200, "{}", a.text());
     let sse = sse_usage(&a.text());
     assert!(sse.1 > 1, "the final output count: {sse:?}");
-    let r = record(&db, "stream");
+    let r = record(db, "stream");
     assert_served(&r, "stream", "claude-sonnet-4-5", sse, 1);
     assert!(
         r.cost
@@ -253,7 +408,7 @@ async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_
         Some("application/vnd.amazon.eventstream")
     );
     let es = event_stream_usage(&a.body);
-    let r = record(&db, "opus");
+    let r = record(db, "opus");
     assert_eq!(
         (r.upstream.as_str(), r.model.as_str()),
         ("bedrock", "anthropic.claude-opus-4-1")
@@ -269,7 +424,7 @@ async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_
     let a = gw.post("/v1/messages", &headers, &body).await;
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(
-        down.count(),
+        f.down.count(),
         1,
         "the first attempt went to the failing target"
     );
@@ -278,7 +433,7 @@ async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_
         u["input_tokens"].as_i64().expect("input"),
         u["output_tokens"].as_i64().expect("output"),
     );
-    let r = record(&db, "fo");
+    let r = record(db, "fo");
     assert_served(&r, "fo", "claude-sonnet-4-5", fo_usage, 2);
 
     // One record per call, nothing else: a refusal is not evidence (Envoy logs in order,
@@ -287,9 +442,9 @@ async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_
     assert_eq!(refused.status, 401);
     let body = json!({"model": "after", "max_tokens": 64, "messages": [{"role": "user", "content": content}]});
     assert_eq!(gw.post("/v1/messages", &headers, &body).await.status, 200);
-    record(&db, "after");
-    assert_eq!(rows(&db).len(), 5);
-    let after = rows(&db).into_iter().last().expect("after");
+    record(db, "after");
+    assert_eq!(rows(db).len(), 5);
+    let after = rows(db).into_iter().last().expect("after");
     let after_usage = (after.input.expect("input"), after.output.expect("output"));
 
     // Envoy's Prometheus: the same tokens and cost, by ring, variant and upstream (the
@@ -314,5 +469,4 @@ async fn each_decided_call_is_one_record_at_the_gateway_receiver_and_counted_in_
         0,
         "an unknown cost adds nothing"
     );
-    receivers.shutdown().await;
 }

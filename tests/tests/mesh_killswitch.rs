@@ -165,7 +165,6 @@ async fn kill_reaches_routing(
         },
         admin_address: "127.0.0.1".into(),
         admin_port: admin,
-        evidence: None,
     };
     let mut doc = halo_envoy_config::bootstrap::standalone(snap, &boot).expect("bootstrap");
     set_payload_key(&mut doc, payload_key);

@@ -173,7 +173,6 @@ async fn upstream_headers_reach_their_upstream_and_not_the_next_target() {
             .expect("settings"),
             admin_address: "127.0.0.1".into(),
             admin_port: 2,
-            evidence: None,
         },
     )
     .expect("renders")

@@ -2,19 +2,21 @@
 //! emitter, as halo-envoy-config's `bootstrap` is the standalone one. Nothing is decided
 //! here.
 
-use envoy_types::pb::envoy::config::accesslog::v3::{AccessLog, access_log};
+use envoy_types::pb::envoy::config::accesslog::v3::{
+    AccessLog, AccessLogFilter, HeaderFilter, access_log, access_log_filter,
+};
 use envoy_types::pb::envoy::config::cluster::v3::{
     Cluster, OutlierDetection,
     cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, DnsLookupFamily, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::Address;
-use envoy_types::pb::envoy::config::core::v3::Http1ProtocolOptions;
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, ExtensionConfigSource,
     SocketAddress, TransportSocket, TypedExtensionConfig, address,
     config_source::ConfigSourceSpecifier, data_source, socket_address::PortSpecifier,
     transport_socket,
 };
+use envoy_types::pb::envoy::config::core::v3::{Http1ProtocolOptions, Http2ProtocolOptions};
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
 };
@@ -115,11 +117,16 @@ pub fn resources(plan: &Plan) -> Vec<Resource> {
             &aggregate_cluster(a, plan.attempt_stage.as_deref(), &plan.attempt_targets(a)),
         ));
     }
-    // The JWKS cluster jwt_authn fetches keys through, and the kill-list cluster the
-    // filter's poll (the fallback to the pushed kill list) goes through.
-    for s in [&plan.listener.jwks, &plan.listener.killswitch]
-        .into_iter()
-        .flatten()
+    // The JWKS cluster jwt_authn fetches keys through, the kill-list cluster the filter's
+    // poll (the fallback to the pushed kill list) goes through, and the evidence
+    // receiver's, which the OpenTelemetry access logger sends to.
+    for s in [
+        &plan.listener.jwks,
+        &plan.listener.killswitch,
+        &plan.listener.evidence,
+    ]
+    .into_iter()
+    .flatten()
     {
         out.push(Resource::new(&s.cluster, &service_cluster(s)));
     }
@@ -247,7 +254,7 @@ pub fn transport_socket(t: &UpstreamTls) -> TransportSocket {
     let tls = UpstreamTlsContext {
         sni: t.sni.clone().unwrap_or_default(),
         common_tls_context: Some(CommonTlsContext {
-            alpn_protocols: vec![halo_envoy_config::tls::ALPN.into()],
+            alpn_protocols: vec![t.alpn.clone()],
             validation_context_type: Some(ValidationContextType::ValidationContext(
                 CertificateValidationContext {
                     trusted_ca: Some(DataSource {
@@ -457,17 +464,7 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             route_config_name: l.route_config_name.clone(),
         })),
         stream_idle_timeout: Some(seconds(l.stream_idle_timeout_seconds)),
-        access_log: l
-            .access_logs
-            .iter()
-            .map(|log| AccessLog {
-                name: log["name"].as_str().unwrap_or_default().to_string(),
-                config_type: Some(access_log::ConfigType::TypedConfig(typed_struct(
-                    &log["typed_config"],
-                ))),
-                ..AccessLog::default()
-            })
-            .collect(),
+        access_log: l.access_logs.iter().map(access_logger).collect(),
         http_filters,
         ..HttpConnectionManager::default()
     };
@@ -485,6 +482,42 @@ pub fn listener(l: &ListenerPlan) -> Listener {
             ..FilterChain::default()
         }],
         ..Listener::default()
+    }
+}
+
+/// An access logger of the plan (Envoy JSON: name, typed_config, and an optional
+/// `filter`) as protobuf.
+pub fn access_logger(log: &serde_json::Value) -> AccessLog {
+    AccessLog {
+        name: log["name"].as_str().unwrap_or_default().to_string(),
+        filter: log.get("filter").map(access_log_filter),
+        config_type: Some(access_log::ConfigType::TypedConfig(typed_struct(
+            &log["typed_config"],
+        ))),
+    }
+}
+
+/// An access log's `filter`: the one kind the plan uses, a header filter on a header's
+/// presence (the evidence logger keeps to calls the filter stamped). Any other shape
+/// becomes a header matcher without a name, which Envoy refuses (the listener update is
+/// NACKed and shows in /xds/status): a filter this emitter does not know is never dropped
+/// silently, which would export every request.
+fn access_log_filter(f: &serde_json::Value) -> AccessLogFilter {
+    let header = &f["header_filter"]["header"];
+    let name = match (header["name"].as_str(), header["present_match"].as_bool()) {
+        (Some(name), Some(true)) if f.as_object().is_some_and(|m| m.len() == 1) => name,
+        _ => "",
+    };
+    AccessLogFilter {
+        filter_specifier: Some(access_log_filter::FilterSpecifier::HeaderFilter(
+            HeaderFilter {
+                header: Some(HeaderMatcher {
+                    name: name.to_string(),
+                    header_match_specifier: Some(HeaderMatchSpecifier::PresentMatch(true)),
+                    ..HeaderMatcher::default()
+                }),
+            },
+        )),
     }
 }
 
@@ -561,9 +594,29 @@ fn value_bytes(v: &serde_json::Value) -> Vec<u8> {
     out
 }
 
-/// A one-endpoint service cluster: the issuer's JWKS, the kill-list server.
+/// A one-endpoint service cluster: the issuer's JWKS, the kill-list server, the evidence
+/// receiver (HTTP/2).
 pub fn service_cluster(j: &ServicePlan) -> Cluster {
+    let mut typed_extension_protocol_options = std::collections::HashMap::new();
+    if j.http2 {
+        let options = HttpProtocolOptions {
+            upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(
+                        Http2ProtocolOptions::default(),
+                    )),
+                },
+            )),
+            ..HttpProtocolOptions::default()
+        };
+        // One key: the map's order cannot change the bytes.
+        typed_extension_protocol_options.insert(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
+            any(&options),
+        );
+    }
     Cluster {
+        typed_extension_protocol_options,
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: j.cluster.clone(),
             endpoints: vec![LocalityLbEndpoints {

@@ -70,3 +70,92 @@ fn acme_corp_translation_is_deterministic_and_complete() {
         a.version
     );
 }
+
+/// The evidence export (the gateway file's `evidence`) as xDS resources: the receiver's
+/// cluster over HTTP/2, and on the listener the OpenTelemetry access logger with its
+/// header filter (only calls the filter stamped) and the token as gRPC metadata.
+#[test]
+fn the_evidence_export_is_an_http2_cluster_and_a_filtered_access_logger() {
+    use envoy_types::pb::envoy::config::accesslog::v3::access_log_filter::FilterSpecifier;
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+    use envoy_types::pb::envoy::config::route::v3::header_matcher::HeaderMatchSpecifier;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+    use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
+        UpstreamProtocolOptions, explicit_http_config::ProtocolConfig,
+    };
+    use prost::Message;
+
+    let token = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+    let settings = GatewaySettings {
+        evidence: Some(halo_envoy_config::evidence::Export {
+            url: "http://10.0.0.7:4319".into(),
+            token_file: None,
+            token: token.into(),
+        }),
+        ..GatewaySettings::default()
+    };
+    let without = snapshot_of(&acme(), &GatewaySettings::default()).expect("translates");
+    let with = snapshot_of(&acme(), &settings).expect("translates");
+    let clusters = &with.resources[type_url::CLUSTER];
+    assert_eq!(
+        clusters.len(),
+        without.resources[type_url::CLUSTER].len() + 1
+    );
+    let evidence = clusters
+        .iter()
+        .find(|r| r.name == halo_envoy_config::evidence::EVIDENCE_CLUSTER)
+        .expect("the evidence cluster");
+    let cluster = Cluster::decode(evidence.body.value.as_slice()).expect("a cluster");
+    let options = HttpProtocolOptions::decode(
+        cluster.typed_extension_protocol_options
+            ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            .value
+            .as_slice(),
+    )
+    .expect("protocol options");
+    let Some(UpstreamProtocolOptions::ExplicitHttpConfig(explicit)) =
+        options.upstream_protocol_options
+    else {
+        panic!("explicit HTTP config: {options:?}");
+    };
+    assert!(matches!(
+        explicit.protocol_config,
+        Some(ProtocolConfig::Http2ProtocolOptions(_))
+    ));
+
+    let listener = &with.resources[type_url::LISTENER][0];
+    let listener = Listener::decode(listener.body.value.as_slice()).expect("a listener");
+    let Some(filter::ConfigType::TypedConfig(hcm)) =
+        &listener.filter_chains[0].filters[0].config_type
+    else {
+        panic!("typed HCM");
+    };
+    let hcm = HttpConnectionManager::decode(hcm.value.as_slice()).expect("HCM");
+    assert_eq!(hcm.access_log.len(), 2, "the request log and the evidence");
+    let otel = &hcm.access_log[1];
+    assert_eq!(otel.name, halo_envoy_config::evidence::ACCESS_LOGGER);
+    let Some(FilterSpecifier::HeaderFilter(h)) = otel
+        .filter
+        .as_ref()
+        .and_then(|f| f.filter_specifier.clone())
+    else {
+        panic!("a header filter: {:?}", otel.filter);
+    };
+    let header = h.header.expect("header");
+    assert_eq!(header.name, "x-halo-ring");
+    assert_eq!(
+        header.header_match_specifier,
+        Some(HeaderMatchSpecifier::PresentMatch(true))
+    );
+    assert!(
+        hcm.access_log[0].filter.is_none(),
+        "the request log is unfiltered"
+    );
+    let bytes = listener.encode_to_vec();
+    assert!(
+        bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+        "the token rides in the pushed listener, as gRPC metadata"
+    );
+}
