@@ -51,17 +51,22 @@ impl Call {
             return None;
         }
         Some(Call {
-            dialect: dialect(wire),
+            dialect: dialect(wire, operation),
             unit,
             alias,
         })
     }
 }
 
-/// The usage dialect of an answer on `wire` (Bedrock invoke and Vertex rawPredict answer
-/// in Anthropic's Messages shape).
-pub fn dialect(wire: WireProtocol) -> Dialect {
+/// The usage dialect of an answer to `operation` on `wire` (Bedrock invoke and Vertex
+/// rawPredict answer in Anthropic's Messages shape; Bedrock converse in its own).
+pub fn dialect(wire: WireProtocol, operation: Operation) -> Dialect {
     match wire {
+        WireProtocol::BedrockInvoke
+            if matches!(operation, Operation::Converse | Operation::ConverseStream) =>
+        {
+            Dialect::BedrockConverse
+        }
         WireProtocol::AnthropicMessages | WireProtocol::BedrockInvoke => Dialect::Anthropic,
         WireProtocol::OpenaiResponses => Dialect::OpenAiResponses,
         WireProtocol::Gemini => Dialect::Gemini,

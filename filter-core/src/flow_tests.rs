@@ -1056,6 +1056,90 @@ fn a_bedrock_answer_is_metered_json_and_event_stream() {
     bedrock_invoke::<false>();
 }
 
+fn bedrock_converse<const P: bool>() {
+    let p = account_policy();
+    let body = json!({"messages": [{"role": "user", "content": [{"text": "hi"}]}]})
+        .to_string()
+        .into_bytes();
+    let answer = r#"{"output":{"message":{"role":"assistant","content":[{"text":"Hi"}]}},"stopReason":"end_turn","usage":{"inputTokens":30,"outputTokens":7,"totalTokens":537,"cacheReadInputTokens":400,"cacheWriteInputTokens":100},"metrics":{"latencyMs":310}}"#;
+    let (r, out) = metered::<P>(
+        &p,
+        "/model/opus/converse",
+        &body,
+        ("br", "anthropic.claude-opus"),
+        JSON,
+        answer.as_bytes(),
+        16,
+        false,
+    );
+    assert_eq!(out, answer.as_bytes(), "the answer passes unchanged");
+    // The record's input counts the cache's prompt tokens too (30 + 100 + 400).
+    assert_eq!(tokens(&r), [Some(530), Some(7), Some(100), Some(400)]);
+    // No cache prices: cache tokens at the input price.
+    assert!(close(cost(&r), (530.0 * 15.0 + 7.0 * 75.0) / 1e6));
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+
+    // converse-stream: the usage is in the stream's last event, `metadata`.
+    let event = |kind: &str, payload: &str| {
+        halo_providers::eventstream::encode_frame(
+            &[(":message-type", "event"), (":event-type", kind)],
+            payload.as_bytes(),
+        )
+    };
+    let stream = [
+        event("messageStart", r#"{"role":"assistant"}"#),
+        event(
+            "contentBlockDelta",
+            r#"{"contentBlockIndex":0,"delta":{"text":"Hi"}}"#,
+        ),
+        event("messageStop", r#"{"stopReason":"end_turn"}"#),
+        event(
+            "metadata",
+            r#"{"usage":{"inputTokens":12,"outputTokens":9,"totalTokens":21},"metrics":{"latencyMs":500}}"#,
+        ),
+    ]
+    .concat();
+    let headers = &[
+        (":status", "200"),
+        ("content-type", "application/vnd.amazon.eventstream"),
+    ];
+    let (r, out) = metered::<P>(
+        &p,
+        "/model/opus/converse-stream",
+        &body,
+        ("br", "anthropic.claude-opus"),
+        headers,
+        &stream,
+        20,
+        false,
+    );
+    assert_eq!(out, stream, "the event stream passes unchanged");
+    assert_eq!(tokens(&r), [Some(12), Some(9), None, None]);
+    assert!(close(cost(&r), (12.0 * 15.0 + 9.0 * 75.0) / 1e6));
+    assert_eq!(fact(&r, Fact::Complete), Some("true"));
+
+    // Cut before its metadata: no usage, not complete.
+    let cut_at = stream.len() - 10;
+    let (r, _) = metered::<P>(
+        &p,
+        "/model/opus/converse-stream",
+        &body,
+        ("br", "anthropic.claude-opus"),
+        headers,
+        &stream[..cut_at],
+        20,
+        true,
+    );
+    assert_eq!(tokens(&r), [None, None, None, None]);
+    assert_ne!(fact(&r, Fact::Complete), Some("true"));
+}
+
+#[test]
+fn a_bedrock_converse_answer_is_metered_json_and_event_stream() {
+    bedrock_converse::<true>();
+    bedrock_converse::<false>();
+}
+
 fn vertex_without_a_price<const P: bool>() {
     let p = account_policy();
     let body = messages("sonnet", 10);

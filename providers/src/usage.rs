@@ -12,6 +12,9 @@
 //!   JSON `usage`; SSE `message_start` (`message.usage`) then `message_delta` (`usage`,
 //!   cumulative), each field the latest seen; the AWS event stream carries the same
 //!   events base64 in `chunk` frames (decoded with [`crate::eventstream::Decoder`]).
+//! - Bedrock Converse: JSON `usage` (camelCase: `inputTokens`, `outputTokens`,
+//!   `cacheReadInputTokens`, `cacheWriteInputTokens`); converse-stream is an AWS event
+//!   stream whose `metadata` event (its last) carries the same `usage` as plain JSON.
 //! - OpenAI Responses: JSON `usage`; SSE `response.usage` of `response.completed` (also
 //!   `response.incomplete`/`response.failed`; earlier events carry `null`).
 //! - Gemini generateContent / streamGenerateContent: `usageMetadata`, in one JSON object,
@@ -43,6 +46,8 @@ const MAX_KEY: usize = 24;
 pub enum Dialect {
     /// Anthropic Messages (Anthropic, Bedrock invoke, Vertex rawPredict).
     Anthropic,
+    /// Bedrock Converse (`converse`, `converse-stream`).
+    BedrockConverse,
     /// OpenAI Responses (OpenAI, Azure OpenAI).
     OpenAiResponses,
     /// Gemini generateContent / streamGenerateContent.
@@ -176,7 +181,7 @@ impl Meter {
             Body::EventStream(decoder) => match decoder.feed(bytes) {
                 Ok(frames) => {
                     for frame in frames {
-                        if let Some(json) = bedrock_chunk(&frame) {
+                        if let Some(json) = event_json(dialect, &frame) {
                             let mut tap = JsonTap::new(paths(dialect));
                             tap.feed(&json, &mut found);
                         }
@@ -260,6 +265,8 @@ fn paths(dialect: Dialect) -> Paths {
             (&["usage"], Path::Usage { last: true }),
             (&["message", "usage"], Path::Usage { last: false }),
         ],
+        // The JSON answer's `usage`, and the stream's `metadata` event's.
+        Dialect::BedrockConverse => &[(&["usage"], Path::Usage { last: true })],
         Dialect::OpenAiResponses => &[
             (&["usage"], Path::Usage { last: true }),
             (&["response", "usage"], Path::Usage { last: true }),
@@ -277,6 +284,17 @@ struct AnthropicUsage {
     output_tokens: Option<u64>,
     cache_creation_input_tokens: Option<u64>,
     cache_read_input_tokens: Option<u64>,
+}
+
+/// Bedrock Converse's `TokenUsage`: `inputTokens` excludes the cache's tokens, as
+/// Anthropic's `input_tokens` does (`totalTokens` is not read).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ConverseUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_write_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -313,6 +331,15 @@ fn parse_usage(dialect: Dialect, value: &[u8]) -> Option<Usage> {
                 cache_read_tokens: u.cache_read_input_tokens,
             })
         }
+        Dialect::BedrockConverse => {
+            let u: ConverseUsage = serde_json::from_slice(value).ok()?;
+            Some(Usage {
+                input_tokens: u.input_tokens,
+                output_tokens: u.output_tokens,
+                cache_write_tokens: u.cache_write_input_tokens,
+                cache_read_tokens: u.cache_read_input_tokens,
+            })
+        }
         Dialect::OpenAiResponses => {
             let u: OpenAiUsage = serde_json::from_slice(value).ok()?;
             let cached = u.input_tokens_details.and_then(|d| d.cached_tokens);
@@ -341,6 +368,18 @@ fn parse_usage(dialect: Dialect, value: &[u8]) -> Option<Usage> {
                 cache_read_tokens: cached.or(u.prompt_token_count.map(|_| 0)),
             })
         }
+    }
+}
+
+/// The event JSON of an AWS event stream frame that may carry usage: for Bedrock invoke,
+/// the Anthropic event a `chunk` frame carries (base64); for converse-stream, the
+/// `metadata` event itself (plain JSON). Other frames (content, exceptions) carry none.
+fn event_json(dialect: Dialect, frame: &crate::eventstream::Frame) -> Option<Vec<u8>> {
+    match dialect {
+        Dialect::BedrockConverse => (frame.header(":message-type") == Some("event")
+            && frame.header(":event-type") == Some("metadata"))
+        .then(|| frame.payload.to_vec()),
+        _ => bedrock_chunk(frame),
     }
 }
 

@@ -172,6 +172,113 @@ fn bedrock_event_stream() {
     prefixes_are_incomplete(Dialect::Anthropic, Framing::AwsEventStream, &body, want);
 }
 
+/// A Converse answer as Bedrock sends it: camelCase usage at the top level (a `usage`
+/// key inside a tool's input is content, not usage).
+const CONVERSE_JSON: &str = r#"{"output":{"message":{"role":"assistant","content":[{"text":"Hi"},{"toolUse":{"toolUseId":"t1","name":"stats","input":{"usage":{"inputTokens":1}}}}]}},"stopReason":"tool_use","usage":{"inputTokens":125,"outputTokens":60,"totalTokens":3685,"cacheReadInputTokens":3000,"cacheWriteInputTokens":500},"metrics":{"latencyMs":1175}}"#;
+
+#[test]
+fn bedrock_converse_json() {
+    let a = all_splits_agree(
+        Dialect::BedrockConverse,
+        Framing::Json,
+        CONVERSE_JSON.as_bytes(),
+    );
+    let want = Usage {
+        input_tokens: Some(125),
+        output_tokens: Some(60),
+        cache_write_tokens: Some(500),
+        cache_read_tokens: Some(3000),
+    };
+    assert_eq!(
+        a,
+        Accounting {
+            usage: want,
+            complete: true
+        }
+    );
+    prefixes_are_incomplete(
+        Dialect::BedrockConverse,
+        Framing::Json,
+        CONVERSE_JSON.as_bytes(),
+        want,
+    );
+}
+
+/// converse-stream's frames: the usage is in the last event, `metadata`, plain JSON.
+fn converse_stream(with_metadata: bool) -> Vec<u8> {
+    let event = |kind: &str, payload: &str| {
+        encode_frame(
+            &[
+                (":message-type", "event"),
+                (":event-type", kind),
+                (":content-type", "application/json"),
+            ],
+            payload.as_bytes(),
+        )
+    };
+    let mut body = [
+        event("messageStart", r#"{"p":"abcd","role":"assistant"}"#),
+        event(
+            "contentBlockDelta",
+            r#"{"contentBlockIndex":0,"delta":{"text":"Hi, usage is {\"usage\":{\"inputTokens\":9}}"},"p":"ab"}"#,
+        ),
+        event("contentBlockStop", r#"{"contentBlockIndex":0,"p":"abc"}"#),
+        event("messageStop", r#"{"p":"abcdef","stopReason":"end_turn"}"#),
+    ]
+    .concat();
+    if with_metadata {
+        body.extend(event(
+            "metadata",
+            r#"{"metrics":{"latencyMs":842},"p":"abcdefgh","usage":{"cacheReadInputTokens":2048,"cacheWriteInputTokens":0,"inputTokens":17,"outputTokens":11,"totalTokens":2076}}"#,
+        ));
+    }
+    body
+}
+
+#[test]
+fn bedrock_converse_stream_reads_the_metadata_event() {
+    let body = converse_stream(true);
+    let a = all_splits_agree(Dialect::BedrockConverse, Framing::AwsEventStream, &body);
+    let want = Usage {
+        input_tokens: Some(17),
+        output_tokens: Some(11),
+        cache_write_tokens: Some(0),
+        cache_read_tokens: Some(2048),
+    };
+    assert_eq!(
+        a,
+        Accounting {
+            usage: want,
+            complete: true
+        }
+    );
+    prefixes_are_incomplete(
+        Dialect::BedrockConverse,
+        Framing::AwsEventStream,
+        &body,
+        want,
+    );
+
+    // Cut before its metadata: nothing counted, incomplete (text mentioning usage is
+    // content, not usage).
+    let a = meter(
+        Dialect::BedrockConverse,
+        Framing::AwsEventStream,
+        &[&converse_stream(false)],
+    );
+    assert_eq!(
+        a,
+        Accounting {
+            usage: Usage::default(),
+            complete: false
+        }
+    );
+    // An Anthropic chunk frame is not a converse event.
+    let chunk = chunk_frame(r#"{"type":"message_delta","usage":{"output_tokens":9}}"#);
+    let a = meter(Dialect::BedrockConverse, Framing::AwsEventStream, &[&chunk]);
+    assert_eq!(a.usage, Usage::default());
+}
+
 #[test]
 fn bedrock_event_stream_with_bad_crc_is_incomplete() {
     let mut body = chunk_frame(r#"{"type":"message_delta","usage":{"output_tokens":9}}"#);

@@ -2,8 +2,8 @@
 //! scripts/test.sh runs this binary with both): the filter accounts each decided model
 //! call, Envoy's OpenTelemetry access logger sends one OTLP record per call to a real
 //! halo-server gateway receiver (its embedded store), with the gateway token as gRPC
-//! metadata. A JSON call, an SSE call, a Bedrock event-stream call and a failover call
-//! each land as exactly one record with the tokens the client saw, the cost from the
+//! metadata. A JSON call, an SSE call, a Bedrock event-stream call, Bedrock Converse calls
+//! (JSON and converse-stream) and a failover call each land as exactly one record with the tokens the client saw, the cost from the
 //! policy's prices and the attempts Envoy made; Envoy's Prometheus counts the same
 //! tokens and cost by ring, variant and upstream. The same scenario runs against a
 //! standalone bootstrap (`halo envoy bootstrap --evidence-url`) and against an Envoy fed
@@ -32,6 +32,8 @@ const USER: &str = "erin@acme.test";
 /// USD per million tokens of the served models (upstream wire); `opus` on bedrock has
 /// no price, so its cost is unknown.
 const SONNET: (f64, f64) = (3.0, 15.0);
+/// The same of the model the Bedrock Converse calls are served by (upstream converse).
+const HAIKU: (f64, f64) = (1.0, 5.0);
 
 /// One stored record, as the store's table holds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,6 +127,26 @@ fn event_usage(v: &Value, (input, output): (i64, i64)) -> (i64, i64) {
     )
 }
 
+/// Bedrock Converse usage (input, output) of a converse-stream answer: its `metadata`
+/// event.
+fn converse_stream_usage(bytes: &[u8]) -> (i64, i64) {
+    let mut decoder = Decoder::new();
+    let frames = decoder.feed(bytes).expect("an event stream");
+    let metadata = frames
+        .iter()
+        .find(|f| f.header(":event-type") == Some("metadata"))
+        .expect("a metadata event");
+    let v: Value = serde_json::from_slice(&metadata.payload).expect("metadata json");
+    converse_usage(&v["usage"])
+}
+
+fn converse_usage(u: &Value) -> (i64, i64) {
+    (
+        u["inputTokens"].as_i64().expect("inputTokens"),
+        u["outputTokens"].as_i64().expect("outputTokens"),
+    )
+}
+
 /// The same of an AWS event stream answer (Anthropic events in `chunk` frames).
 fn event_stream_usage(bytes: &[u8]) -> (i64, i64) {
     let mut decoder = Decoder::new();
@@ -176,11 +198,14 @@ fn write_policy(dir: &std::path::Path) {
                  protocols: {{claude-code: anthropic-messages, codex: openai-responses, gemini-cli: gemini}}\n\
                  upstreams:\n  wire: {{url: \"https://wire.invalid\", kind: anthropic}}\n\
                  \x20 bedrock: {{url: \"https://bedrock.invalid\", kind: bedrock}}\n  down: {{url: \"https://down.invalid\", kind: anthropic}}\n\
+                 \x20 converse: {{url: \"https://converse.invalid\", kind: bedrock}}\n\
                  models:\n  sonnet: {{upstream: wire, model: claude-sonnet-4-5}}\n  stream: {{upstream: wire, model: claude-sonnet-4-5}}\n\
                  \x20 opus: {{upstream: bedrock, model: anthropic.claude-opus-4-1}}\n  after: {{upstream: wire, model: claude-sonnet-4-5}}\n\
+                 \x20 conv: {{upstream: converse, model: anthropic.claude-haiku-4-5}}\n  convs: {{upstream: converse, model: anthropic.claude-haiku-4-5}}\n\
                  \x20 fo:\n    targets:\n      - {{upstream: down, model: claude-sonnet-4-5}}\n      - {{upstream: wire, model: claude-sonnet-4-5, priority: 1}}\n\
-                 prices:\n  wire:\n    claude-sonnet-4-5: {{input: {}, output: {}}}\n",
-                SONNET.0, SONNET.1
+                 prices:\n  wire:\n    claude-sonnet-4-5: {{input: {}, output: {}}}\n\
+                 \x20 converse:\n    anthropic.claude-haiku-4-5: {{input: {}, output: {}}}\n",
+                SONNET.0, SONNET.1, HAIKU.0, HAIKU.1
             ),
         ),
         (
@@ -189,7 +214,7 @@ fn write_policy(dir: &std::path::Path) {
         ),
         (
             "profile.yaml",
-            "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nmodels: [sonnet, stream, opus, after, fo]\n".to_string(),
+            "apiVersion: halos.dev/v1\nkind: Profile\nname: dev\nmodels: [sonnet, stream, opus, after, fo, conv, convs]\n".to_string(),
         ),
     ];
     for (name, text) in files {
@@ -419,6 +444,40 @@ async fn scenario(f: &Fixture, gw: &Gateway, db: &std::path::Path) {
     );
     assert_eq!(r.cost, None, "no price: unknown");
 
+    // Bedrock Converse, JSON and event stream (usage in camelCase; converse-stream's in
+    // its `metadata` event).
+    let body = json!({"messages": [{"role": "user", "content": [{"text": content}]}],
+                      "inferenceConfig": {"maxTokens": 64}});
+    let a = gw.post("/model/conv/converse", &headers, &body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let conv = converse_usage(&a.json()["usage"]);
+    let r = record(db, "conv");
+    assert_eq!(
+        (r.upstream.as_str(), r.model.as_str(), r.status, r.complete),
+        ("converse", "anthropic.claude-haiku-4-5", 200, true)
+    );
+    assert_eq!((r.input, r.output), (Some(conv.0), Some(conv.1)), "{r:?}");
+    assert!(
+        r.cost
+            .is_some_and(|c| (c - cost(conv, HAIKU)).abs() < 1e-12)
+    );
+    let a = gw
+        .post("/model/convs/converse-stream", &headers, &body)
+        .await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let convs = converse_stream_usage(&a.body);
+    assert!(convs.1 > 1, "{convs:?}");
+    let r = record(db, "convs");
+    assert_eq!(
+        (r.input, r.output, r.complete),
+        (Some(convs.0), Some(convs.1), true),
+        "{r:?}"
+    );
+    assert!(
+        r.cost
+            .is_some_and(|c| (c - cost(convs, HAIKU)).abs() < 1e-12)
+    );
+
     // Failover: the first target answers 503, Envoy's second attempt is served.
     let body = json!({"model": "fo", "max_tokens": 64, "messages": [{"role": "user", "content": content}]});
     let a = gw.post("/v1/messages", &headers, &body).await;
@@ -443,7 +502,7 @@ async fn scenario(f: &Fixture, gw: &Gateway, db: &std::path::Path) {
     let body = json!({"model": "after", "max_tokens": 64, "messages": [{"role": "user", "content": content}]});
     assert_eq!(gw.post("/v1/messages", &headers, &body).await.status, 200);
     record(db, "after");
-    assert_eq!(rows(db).len(), 5);
+    assert_eq!(rows(db).len(), 7);
     let after = rows(db).into_iter().last().expect("after");
     let after_usage = (after.input.expect("input"), after.output.expect("output"));
 
@@ -468,5 +527,11 @@ async fn scenario(f: &Fixture, gw: &Gateway, db: &std::path::Path) {
         gw.prometheus_sum("halo_cost_micro_usd{halo_ring=\"general\",halo_variant=\"none\",halo_upstream=\"bedrock\"}"),
         0,
         "an unknown cost adds nothing"
+    );
+    let converse_micros =
+        ((cost(conv, HAIKU) * 1e6).round() + (cost(convs, HAIKU) * 1e6).round()) as u64;
+    assert_eq!(
+        gw.prometheus_sum("halo_cost_micro_usd{halo_ring=\"general\",halo_variant=\"none\",halo_upstream=\"converse\"}"),
+        converse_micros
     );
 }
