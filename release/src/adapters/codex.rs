@@ -149,7 +149,7 @@ pub fn render(ctx: &Context<'_>, os: Os) -> Rendered {
         otel.insert("log_user_prompt".into(), Value::Boolean(t.log_prompts));
         if let Some(endpoint) = &t.endpoint {
             let mut http = Table::new();
-            http.insert("endpoint".into(), s(endpoint));
+            http.insert("endpoint".into(), s(&logs_url(endpoint)));
             http.insert("protocol".into(), s("binary"));
             let mut exporter = Table::new();
             exporter.insert("otlp-http".into(), Value::Table(http));
@@ -206,6 +206,20 @@ pub(crate) fn merge_toml(table: &mut Table, key: &str, value: Value) {
     }
 }
 
+/// Codex's `otlp-http` exporter posts to its `endpoint` as written (its docs:
+/// `https://otel.example.com/v1/logs`), unlike the OTLP environment variables, which
+/// take a base URL and add the signal's path. The profile's `telemetry.endpoint` is the
+/// base (what Claude Code's `OTEL_EXPORTER_OTLP_ENDPOINT` gets), so the logs path is
+/// added here; an endpoint already naming it is kept.
+fn logs_url(endpoint: &str) -> String {
+    let base = endpoint.trim_end_matches('/');
+    if base.ends_with("/v1/logs") {
+        base.to_string()
+    } else {
+        format!("{base}/v1/logs")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +233,18 @@ mod tests {
         assert!(runs_auth_command("0.169.0"));
         assert!(!runs_auth_command("0.168.9"));
         assert!(!runs_auth_command("not-a-version"));
+    }
+
+    #[test]
+    fn the_otlp_http_endpoint_is_the_logs_url() {
+        assert_eq!(
+            logs_url("https://otel.acme.com:4318"),
+            "https://otel.acme.com:4318/v1/logs"
+        );
+        assert_eq!(
+            logs_url("https://otel.acme.com:4318/"),
+            "https://otel.acme.com:4318/v1/logs"
+        );
+        assert_eq!(logs_url("http://h:4318/v1/logs"), "http://h:4318/v1/logs");
     }
 }
