@@ -16,10 +16,12 @@ use std::sync::{Arc, Mutex};
 
 use halo_evidence::Source;
 use halo_server::killswitch::Target;
+use serde_json::json;
 use support::controller::{
-    EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, git, policy_repo, post_breach, remote_branches,
-    webhook,
+    EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, git, git_remote, policy_repo, post_breach,
+    remote_branches, webhook,
 };
+use support::gateway::{Live, LiveGateway, ask_raw, start_live_with};
 use support::{Env, Server, serve};
 
 async fn start(
@@ -48,6 +50,13 @@ async fn killed(server: &Server) -> bool {
     let running = server.running.as_ref().unwrap();
     let ks = running.state.killswitch.as_ref().unwrap();
     ks.state().await.is_killed(Target::Experiment, EXP)
+}
+
+/// One tick, failed or not; the controller's status after it (for failure messages).
+async fn tick_status(server: &Server) -> String {
+    let c = server.running.as_ref().unwrap().controller.clone().unwrap();
+    let _ = c.tick_within_budget(time::OffsetDateTime::now_utc()).await;
+    serde_json::to_string_pretty(&c.status()).unwrap()
 }
 
 /// One tick; returns the controller's status after it (for failure messages).
@@ -183,4 +192,221 @@ async fn a_restart_mid_bake_resumes_the_rollouts_bake() {
     };
     assert!(left(&second) <= left(&first), "{first} then {second}");
     server.stop().await;
+}
+
+/// A canary on `haiku` (prov-a for control, prov-b for the canary), half of the canary
+/// ring each, judged on the error rate.
+const HAIKU_CANARY: &str = r#"apiVersion: halos.dev/v1
+kind: Experiment
+name: haiku-canary
+type: canary
+axis: traffic
+status: running
+rings: [canary]
+salt: haiku-canary-live
+variants:
+  - name: control
+    weight: 50
+  - name: canary
+    weight: 50
+    routes:
+      haiku:
+        targets:
+          - {upstream: prov-b, model: haiku-canary-model}
+metrics:
+  primary: {name: halo.api.error_rate, direction: decrease}
+  guardrails:
+    - {name: halo.api.error_rate, direction: decrease, threshold: 0.02}
+stopping: {minSamples: 100, maxDays: 14, alpha: 0.05}
+"#;
+
+/// The whole loop through a real Envoy (issue #22, "Checked live"): halo-server serves
+/// the policy over xDS and receives Envoy's evidence on its gateway receiver; the canary's
+/// provider answers 500 to 30% of calls. The controller finds the breach on gateway
+/// evidence, trips the kill, the canary's users are routed to control by the same Envoy,
+/// the pause PR is in the bare repo and the signed webhook arrived. A restart of
+/// halo-server repeats nothing. Prints the times from breach onset to the kill and from
+/// the kill to Envoy routing control (BENCHMARKS.md).
+/// halo-server (controller, gateway receiver, kill key, webhook, recording gh) serving
+/// [`HAIKU_CANARY`] over xDS to a real Envoy whose providers fail as given; the policy
+/// dir a clone of the returned bare repo; the run started by a first tick.
+async fn live_canary(
+    env: &Env,
+    a_fails_in_10: usize,
+    b_fails_in_10: usize,
+) -> (
+    LiveGateway,
+    halo_server::config::Settings,
+    std::path::PathBuf,
+    Arc<Mutex<Vec<serde_json::Value>>>,
+) {
+    std::fs::write(env.path("otlp-gateway.token"), OTLP_GATEWAY_TOKEN).unwrap();
+    std::fs::write(env.path("webhook.secret"), WEBHOOK_SECRET).unwrap();
+    let (hook, got) = webhook().await;
+    let receiver = halo_testkit::free_port();
+    let mut settings = env.settings();
+    settings.evidence.gateway_listen = Some(format!("127.0.0.1:{receiver}").parse().unwrap());
+    settings.evidence.gateway_token_file = Some(env.path("otlp-gateway.token"));
+    settings.controller.enabled = true;
+    settings.controller.gh = Some(env.path("gh"));
+    settings.controller.webhook_url = Some(hook);
+    settings.controller.webhook_secret_file = Some(env.path("webhook.secret"));
+    let live = start_live_with(
+        env,
+        settings.clone(),
+        Live {
+            files: vec![("experiments/haiku-canary.yaml", HAIKU_CANARY.to_string())],
+            a_fails_in_10,
+            b_fails_in_10,
+            gateway_file: json!({"evidence": {"url": format!("http://127.0.0.1:{receiver}")}}),
+        },
+    )
+    .await;
+    let bare = git_remote(env);
+    tick(&live.server).await; // the run starts
+    (live, settings, bare, got)
+}
+
+/// A token of the canary ring for user `i` (each user its own unit).
+fn canary_ring_token(env: &Env, i: usize) -> String {
+    env.issuer.mint(json!({
+        "aud": "api://halos", "sub": format!("u-{i}"), "email": format!("dev{i}@acme.com"),
+        "email_verified": true, "groups": ["halos-canary"],
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_breach_on_gateway_evidence_is_killed_and_envoy_routes_control() {
+    const CALLS: usize = 400;
+    let env = Env::new().await;
+    let (live, settings, bare, got) = live_canary(&env, 0, 3).await;
+    let running = live.server.running.as_ref().unwrap();
+    let controller = running.controller.clone().unwrap();
+    let switch = running.state.killswitch.clone().unwrap();
+    let killed = || async {
+        switch
+            .state()
+            .await
+            .is_killed(Target::Experiment, "haiku-canary")
+    };
+
+    // The breach: up to CALLS users of the canary ring.
+    let token = |i: usize| canary_ring_token(&env, i);
+    // Ticks while the calls go on (every 40 calls; the loop's real interval is a minute or
+    // more), then until the kill (bounded): Envoy's logger flushes every second.
+    let onset = std::time::Instant::now();
+    let (mut canary, mut failed, mut canary_token, mut sent) = (0, 0, None, 0);
+    while sent < CALLS && !killed().await {
+        let t = token(sent);
+        let (status, body) = ask_raw(&live.client, live.port, &t).await.unwrap();
+        sent += 1;
+        if status != 200 {
+            failed += 1;
+        } else if body["provider"] == "prov-b" {
+            canary += 1;
+            canary_token.get_or_insert(t);
+        }
+        if sent % 40 == 0 {
+            tick_status(&live.server).await;
+        }
+    }
+    let sending = onset.elapsed();
+    assert!(
+        canary > 20 && failed > 5,
+        "{canary} canary answers, {failed} failures"
+    );
+    let canary_token = canary_token.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !killed().await {
+        let status = tick_status(&live.server).await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no kill 30 s after the breach: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let to_kill = onset.elapsed();
+    let to_control = live.until(&canary_token, "prov-a", "haiku-model").await;
+    eprintln!(
+        "{sent} calls ({canary} answered by the canary, {failed} failed) at {:.0}/s, a tick every 40 calls; breach onset to kill {to_kill:?}; kill to Envoy routing control {to_control:?}",
+        sent as f64 / sending.as_secs_f64()
+    );
+    let status = controller.status();
+    let action = &status.experiments["haiku-canary"].action;
+    let action = serde_json::to_value(action).unwrap();
+    assert_eq!(action["killOutcome"], "killed", "{action}");
+    assert!(
+        remote_branches(&bare).contains("halo-controller/haiku-canary/run-1-rollback"),
+        "the pause PR's branch is pushed"
+    );
+    let msgs = got.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert_eq!(msgs[0]["event"], "rollback");
+    assert_eq!(msgs[0]["killOutcome"], "killed");
+
+    // A restart repeats nothing: the same data dir, one more tick.
+    let LiveGateway { server, envoy, .. } = live;
+    server.stop().await;
+    let server = serve(&settings).await;
+    tick_status(&server).await;
+    assert_eq!(got.lock().unwrap().len(), 1, "no second message");
+    assert_eq!(env.log_lines("killswitch.jsonl").len(), 1, "no second kill");
+    server.stop().await;
+    drop(envoy);
+}
+
+/// The same loop through Envoy with a better treatment (control's provider fails 30% of
+/// calls, the canary's none): after `minSamples` per arm the controller opens the promote
+/// PR and notifies; nothing is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_better_treatment_is_promoted_after_min_samples() {
+    const CALLS: usize = 1200;
+    let env = Env::new().await;
+    let (live, _, bare, got) = live_canary(&env, 3, 0).await;
+    let controller = live
+        .server
+        .running
+        .as_ref()
+        .unwrap()
+        .controller
+        .clone()
+        .unwrap();
+    let decided = || {
+        controller
+            .status()
+            .experiments
+            .get("haiku-canary")
+            .and_then(|e| e.action.clone())
+    };
+    let mut sent = 0;
+    while sent < CALLS && decided().is_none() {
+        let t = canary_ring_token(&env, sent);
+        ask_raw(&live.client, live.port, &t).await.unwrap();
+        sent += 1;
+        if sent % 100 == 0 {
+            tick_status(&live.server).await;
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while decided().is_none() {
+        let status = tick_status(&live.server).await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no decision after {sent} calls: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let action = serde_json::to_value(decided()).unwrap();
+    eprintln!("promoted after {sent} calls: {action}");
+    assert_eq!(action["verdict"]["decision"], "promote", "{action}");
+    assert!(action["killOutcome"].is_null(), "{action}");
+    assert!(
+        remote_branches(&bare).contains("halo-controller/haiku-canary/run-1-promote"),
+        "the promote PR's branch is pushed: {}",
+        remote_branches(&bare)
+    );
+    let msgs = got.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert_eq!(msgs[0]["event"], "promote");
+    assert_eq!(env.log_lines("killswitch.jsonl").len(), 0, "nothing killed");
 }

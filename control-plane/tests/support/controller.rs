@@ -40,6 +40,13 @@ pub fn policy_repo(env: &Env) -> std::path::PathBuf {
     let policy = env.path("policy");
     std::fs::remove_file(policy.join("rollouts/sonnet-bedrock.yaml")).unwrap();
     env.pause_experiments(&["claude-opus-default", "gpt-shadow"]);
+    git_remote(env)
+}
+
+/// The env's policy dir, as it is, made a clone of a bare repo (returned), with a
+/// recording `gh` in the env's dir.
+pub fn git_remote(env: &Env) -> std::path::PathBuf {
+    let policy = env.path("policy");
     let bare = env.path("policy.git");
     git(
         env.dir.path(),

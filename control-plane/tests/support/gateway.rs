@@ -16,11 +16,19 @@ use super::{Env, Server, serve};
 
 /// A loopback model provider answering `{"provider": name, "model": <body's model>}`.
 pub fn provider(name: &'static str) -> String {
+    provider_failing(name, 0)
+}
+
+/// [`provider`], answering 500 (Anthropic's `api_error` shape) to `fail_in_10` of every
+/// ten calls, in call order.
+pub fn provider_failing(name: &'static str, fail_in_10: usize) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind provider");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
+            let calls = std::sync::Arc::clone(&calls);
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 8192];
@@ -52,10 +60,19 @@ pub fn provider(name: &'static str) -> String {
                         (rest[..len].to_vec(), len)
                     };
                     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    let reply = json!({"provider": name, "model": body["model"]}).to_string();
+                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let (status, reply) = if n % 10 < fail_in_10 {
+                        (
+                            "500 Internal Server Error",
+                            json!({"type": "error", "error": {"type": "api_error", "message": "injected"}}),
+                        )
+                    } else {
+                        ("200 OK", json!({"provider": name, "model": body["model"]}))
+                    };
+                    let reply = reply.to_string();
                     let _ = write!(
                         conn,
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
                         reply.len()
                     );
                     buf.drain(..end + 4 + used);
@@ -200,37 +217,71 @@ pub struct LiveGateway {
     pub b: String,
 }
 
+/// What differs between live gateways.
+pub struct Live {
+    /// Policy files besides halos.yaml, the rings and the profiles (relative path, text).
+    pub files: Vec<(&'static str, String)>,
+    /// prov-a and prov-b answer 500 to this many of every ten calls.
+    pub a_fails_in_10: usize,
+    pub b_fails_in_10: usize,
+    /// Keys added to the xDS gateway settings file.
+    pub gateway_file: Value,
+}
+
+impl Default for Live {
+    /// The `haiku-b` toggle, healthy providers.
+    fn default() -> Self {
+        Live {
+            files: vec![("toggles/haiku-b.yaml", TOGGLE.to_string())],
+            a_fails_in_10: 0,
+            b_fails_in_10: 0,
+            gateway_file: json!({}),
+        }
+    }
+}
+
 /// Write the small policy into `env`'s policy dir, start halo-server with `settings`
 /// plus xDS (the filter's poll an hour, so only a push can deliver a kill), and an Envoy
 /// fed by it.
-pub async fn start_live(env: &Env, mut settings: Settings) -> LiveGateway {
+pub async fn start_live(env: &Env, settings: Settings) -> LiveGateway {
+    start_live_with(env, settings, Live::default()).await
+}
+
+/// [`start_live`] with its policy files, the providers' failures and gateway settings
+/// given.
+pub async fn start_live_with(env: &Env, mut settings: Settings, live: Live) -> LiveGateway {
     let policy = env.path("policy");
     for dir in ["experiments", "toggles", "rollouts"] {
         let _ = std::fs::remove_dir_all(policy.join(dir));
     }
-    let (a, b) = (provider("prov-a"), provider("prov-b"));
+    let (a, b) = (
+        provider_failing("prov-a", live.a_fails_in_10),
+        provider_failing("prov-b", live.b_fails_in_10),
+    );
     write_gateway(env, &a, &b, "prov-a");
-    std::fs::create_dir_all(policy.join("toggles")).expect("toggles dir");
-    std::fs::write(policy.join("toggles/haiku-b.yaml"), TOGGLE).expect("toggle");
+    for (path, text) in &live.files {
+        let path = policy.join(path);
+        std::fs::create_dir_all(path.parent().expect("a file in a dir")).expect("policy dir");
+        std::fs::write(path, text).expect("policy file");
+    }
     if let Err(problems) = halo_xds::source::load_policy(&policy) {
         panic!("test policy invalid: {problems:#?}");
     }
     let port = free_port();
     let gateway_file = env.path("xds-gateway.json");
-    std::fs::write(
-        &gateway_file,
-        json!({
-            "listenAddress": "127.0.0.1", "listenPort": port,
-            "wasmPath": halo_testkit::filter_module().display().to_string(),
-            "upstreamCaFile": env.path("oidc-ca.pem").display().to_string(),
-            // No jwksUri: halo-server reads the issuer's discovery document, whose
-            // jwks_uri is {issuer}/keys.
-            // The poll is the fallback; an hour means only the push can deliver a kill.
-            "filterSettings": {"killSwitch": {"intervalSeconds": 3600}},
-        })
-        .to_string(),
-    )
-    .expect("gateway settings");
+    let mut file = json!({
+        "listenAddress": "127.0.0.1", "listenPort": port,
+        "wasmPath": halo_testkit::filter_module().display().to_string(),
+        "upstreamCaFile": env.path("oidc-ca.pem").display().to_string(),
+        // No jwksUri: halo-server reads the issuer's discovery document, whose
+        // jwks_uri is {issuer}/keys.
+        // The poll is the fallback; an hour means only the push can deliver a kill.
+        "filterSettings": {"killSwitch": {"intervalSeconds": 3600}},
+    });
+    if let (Some(file), Some(extra)) = (file.as_object_mut(), live.gateway_file.as_object()) {
+        file.extend(extra.clone());
+    }
+    std::fs::write(&gateway_file, file.to_string()).expect("gateway settings");
     settings.xds_listen = Some("127.0.0.1:0".parse().expect("addr"));
     settings.xds_gateway_file = Some(gateway_file);
     let server = serve(&settings).await;
