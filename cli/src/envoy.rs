@@ -46,6 +46,12 @@ pub struct BootstrapArgs {
     /// discovery document, else <issuer>/.well-known/jwks.json).
     #[arg(long, value_name = "URL")]
     jwks_uri: Option<String>,
+    /// Edge mode: forward every model call, after the decision and with the model
+    /// rewritten to the target's model id, to this gateway (e.g. http://kong:8000) instead
+    /// of the policy's upstreams; no path. Add --forward-client-credentials when it must
+    /// verify the client's token.
+    #[arg(long, value_name = "URL")]
+    next_hop: Option<String>,
     /// halo-server's kill list, e.g. https://halo-server/api/v1/gateway/killswitch.
     /// Needs --killswitch-token-file and --killswitch-pubkey.
     #[arg(long, value_name = "URL", requires_all = ["killswitch_token_file", "killswitch_pubkey"])]
@@ -266,6 +272,7 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         ),
         killswitch_url: args.killswitch_url.clone(),
         evidence,
+        next_hop: args.next_hop.clone(),
         ..GatewaySettings::default()
     }
     .with_filter_settings(settings)

@@ -287,3 +287,35 @@ fn the_jwks_uri_is_the_discovery_documents_and_unreadable_keys_warn() {
         "{yaml}"
     );
 }
+
+/// Edge mode (#27 item 12): `--next-hop` points every target's cluster at the next hop;
+/// the policy's credentials are unused, which is said; a next hop with a path is refused.
+#[test]
+fn next_hop_sends_every_target_to_the_next_hop() {
+    let render = |hop: &str| {
+        halo(&[
+            "envoy",
+            "bootstrap",
+            "--policy-dir",
+            "examples/acme-corp",
+            "--next-hop",
+            hop,
+            "-o",
+            "-",
+        ])
+    };
+    let o = render("http://kong.internal:8000");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let yaml = String::from_utf8_lossy(&o.stdout);
+    assert!(yaml.contains("address: \"kong.internal\""), "{yaml}");
+    assert!(!yaml.contains("address: \"api.openai.com\""), "{yaml}");
+    assert!(
+        !yaml.contains("os.getenv("),
+        "no key of the gateway's: {yaml}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not used in edge mode"), "{err}");
+    let o = render("http://kong.internal:8000/llm");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nextHop"));
+}

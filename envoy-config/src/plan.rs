@@ -106,6 +106,14 @@ pub struct GatewaySettings {
     /// gateway receiver, `{url, tokenFile}`): the OpenTelemetry access logger
     /// ([`access_logs`]) and its HTTP/2 service cluster. `None`: no export.
     pub evidence: Option<crate::evidence::Export>,
+    /// Edge mode (the spec's deploy mode (a)): an http(s) URL without a path, the existing
+    /// gateway (Kong, LiteLLM, an internal LLM gateway) every model call is forwarded to
+    /// after the decision, instead of the target's upstream: the client's path, the model
+    /// rewritten to the decided target's model id, no translation and no credential of
+    /// this gateway's own (the next hop holds the provider keys; `filterSettings.forwardAuth`
+    /// keeps the client's Authorization for it to verify). Failover, timeouts and the
+    /// breaker stay per target. Unset (default): each target's own upstream.
+    pub next_hop: Option<String>,
 }
 
 impl GatewaySettings {
@@ -165,6 +173,7 @@ impl Default for GatewaySettings {
             vertex_token_secret: None,
             upstream_headers: BTreeMap::new(),
             evidence: None,
+            next_hop: None,
         }
     }
 }
@@ -633,11 +642,25 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
     }
 
     let mut warnings = Vec::new();
-    for name in used_upstreams(snap) {
-        let Some(u) = snap.upstreams.get(name) else {
-            continue;
-        };
-        warnings.extend(credentials::target_credential(name, u, &hosts).1);
+    match &settings.next_hop {
+        Some(hop) => warnings.extend(
+            used_upstreams(snap)
+                .into_iter()
+                .filter(|u| snap.upstreams.get(*u).is_some_and(|u| u.credential.is_some()))
+                .map(|u| {
+                    format!(
+                        "upstream {u}: its credential is not used in edge mode; the next hop {hop} authenticates to the provider"
+                    )
+                }),
+        ),
+        None => {
+            for name in used_upstreams(snap) {
+                let Some(u) = snap.upstreams.get(name) else {
+                    continue;
+                };
+                warnings.extend(credentials::target_credential(name, u, &hosts).1);
+            }
+        }
     }
 
     let jwks = match snap.identity.as_ref().filter(|i| !i.issuer.is_empty()) {
@@ -745,7 +768,24 @@ fn plan_target(
                 alias: alias.to_string(),
                 upstream: target.upstream.clone(),
             })?;
-    let ep = endpoint(&format!("upstream {}", target.upstream), &upstream.url)?;
+    let edge;
+    let (upstream, ep) = match &settings.next_hop {
+        // Edge mode: the next hop in the target's place, a pass-through kind (only the
+        // model is rewritten) that gets no credential of this gateway's.
+        Some(hop) => {
+            edge = halo_policy::types::Upstream {
+                url: hop.clone(),
+                kind: halo_policy::types::UpstreamKind::Orchestrator,
+                credential: None,
+                ..upstream.clone()
+            };
+            (&edge, next_hop(hop)?)
+        }
+        None => (
+            upstream,
+            endpoint(&format!("upstream {}", target.upstream), &upstream.url)?,
+        ),
+    };
     let metadata = target_metadata(&name, &target.upstream, upstream, &target.model, &ep.host);
     let (credential, _) = credentials::target_credential(&target.upstream, upstream, hosts);
     Ok(TargetPlan {
@@ -768,6 +808,19 @@ fn plan_target(
             .unwrap_or(settings.default_connect_timeout_seconds),
         breaker: settings.breaker.clone(),
     })
+}
+
+/// The next hop's endpoint: an http(s) URL with a host and no path (the client's path is
+/// forwarded as it is).
+fn next_hop(url: &str) -> Result<Endpoint, PlanError> {
+    let ep = endpoint("nextHop", url)?;
+    if ep.path != "/" {
+        return Err(PlanError::BadUrl {
+            what: "nextHop (no path: the client's is forwarded)".into(),
+            url: url.into(),
+        });
+    }
+    Ok(ep)
 }
 
 fn summary(c: &TargetCredential) -> String {
@@ -880,6 +933,65 @@ mod tests {
             ..GatewaySettings::default()
         };
         assert_eq!(plan(&snap, &not_an_object), Err(PlanError::Settings));
+    }
+
+    #[test]
+    fn edge_mode_sends_every_target_to_the_next_hop_as_it_is_with_its_model() {
+        let mut snap = snapshot(BTreeMap::from([(
+            "m".to_string(),
+            vec![t("br", "us.anthropic.claude", 0), t("oa", "gpt-5", 1)],
+        )]));
+        for (name, url, kind) in [
+            (
+                "br",
+                "https://bedrock-runtime.us-east-1.amazonaws.com",
+                UpstreamKind::Bedrock,
+            ),
+            ("oa", "https://api.openai.com", UpstreamKind::Openai),
+        ] {
+            snap.upstreams.insert(
+                name.into(),
+                Upstream {
+                    url: url.into(),
+                    kind,
+                    region: None,
+                    project: None,
+                    api_version: None,
+                    credential: Some(halo_policy::types::Credential {
+                        env: Some("K".into()),
+                        file: None,
+                    }),
+                },
+            );
+        }
+        let s = GatewaySettings {
+            next_hop: Some("http://kong.internal:8000".into()),
+            ..GatewaySettings::default()
+        };
+        let p = plan(&snap, &s).expect("plans");
+        assert_eq!(p.targets.len(), 2);
+        for tp in &p.targets {
+            assert_eq!((tp.host.as_str(), tp.port), ("kong.internal", 8000));
+            assert!(tp.tls.is_none() && tp.resolve);
+            assert_eq!(tp.kind, "orchestrator", "passed through, not translated");
+            assert!(tp.credential.is_none(), "the next hop holds the keys");
+        }
+        let models: Vec<&str> = p.targets.iter().map(|t| t.model.as_str()).collect();
+        assert_eq!(models, ["us.anthropic.claude", "gpt-5"]);
+        assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
+        let with_path = GatewaySettings {
+            next_hop: Some("http://kong.internal:8000/llm".into()),
+            ..GatewaySettings::default()
+        };
+        assert!(matches!(
+            plan(&snap, &with_path),
+            Err(PlanError::BadUrl { .. })
+        ));
+        // Strictly decoded, camelCase, as the xDS gateway file writes it.
+        let decoded: GatewaySettings =
+            serde_json::from_value(json!({"nextHop": "https://litellm:4000"})).expect("decodes");
+        assert_eq!(decoded.next_hop.as_deref(), Some("https://litellm:4000"));
+        assert!(serde_json::from_value::<GatewaySettings>(json!({"next_hop": "x"})).is_err());
     }
 
     #[test]

@@ -625,6 +625,8 @@ pub struct GatewayOptions {
     pub callgrind: bool,
     /// Export evidence to this receiver (halo-server's gateway receiver and its token).
     pub evidence: Option<halo_envoy_config::evidence::Export>,
+    /// Edge mode: the gateway settings' `nextHop`.
+    pub next_hop: Option<String>,
 }
 
 impl Default for GatewayOptions {
@@ -640,6 +642,7 @@ impl Default for GatewayOptions {
             jwks_uri: None,
             callgrind: false,
             evidence: None,
+            next_hop: None,
         }
     }
 }
@@ -675,6 +678,7 @@ impl Gateway {
                 jwks_uri: opts.jwks_uri,
                 killswitch_url: opts.killswitch_url,
                 evidence: opts.evidence,
+                next_hop: opts.next_hop,
                 upstream_ca_file: opts.upstream_ca_file.map_or_else(
                     || halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.to_string(),
                     |f| f.display().to_string(),

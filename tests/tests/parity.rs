@@ -530,3 +530,92 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
     );
     assert_eq!(one, two, "the modes name the filter's metrics differently");
 }
+
+/// Edge mode (#27 item 12, the spec's deploy mode (a)): with `nextHop` every model call
+/// goes to the next hop after the decision, on the client's path, with the model rewritten
+/// to the decided target's model id, untranslated (a Bedrock target too) and without a
+/// key of the gateway's; the client's Authorization reaches it only with `forwardAuth`.
+/// Both modes: standalone with forwardAuth, xDS without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_mode_forwards_each_call_to_the_next_hop_with_the_targets_model() {
+    let issuer = Issuer::start().await;
+    let hop = Provider::start("next-hop").await;
+    let direct = Provider::start("direct").await;
+    let doc = json!({
+        "schema": 1,
+        "org": "edge-org",
+        "identity": {"issuer": issuer.url, "audience": AUDIENCE,
+                     "claims": {"user": "email", "groups": "groups"}},
+        "protocols": {"claude-code": "anthropic-messages"},
+        "upstreams": {
+            "anthropic": {"url": direct.url, "kind": "anthropic",
+                          "credential": {"env": "HALO_EDGE_KEY"}},
+            "bedrock": {"url": refused_url(), "kind": "bedrock", "region": "us-east-1"},
+        },
+        "models": {
+            "chat": [{"upstream": "anthropic", "model": "claude-upstream-id"}],
+            "claude": [{"upstream": "bedrock", "model": BEDROCK_MODEL}],
+        },
+        "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
+        "experiments": [],
+        "toggles": [],
+    });
+    let snapshot = Snapshot::from_bytes(doc.to_string().as_bytes()).expect("policy decodes");
+    let env = [("HALO_EDGE_KEY", Some("gateway-own-key"))];
+    let standalone = Gateway::start(
+        snapshot.clone(),
+        GatewayOptions {
+            settings: json!({"forwardAuth": true}),
+            next_hop: Some(hop.url.clone()),
+            env: env
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.map(str::to_string)))
+                .collect(),
+            ..GatewayOptions::default()
+        },
+    );
+    let settings = halo_xds::GatewaySettings {
+        next_hop: Some(hop.url.clone()),
+        ..halo_e2e::xds::settings(free_port())
+    };
+    let (_ads, xds) = halo_e2e::xds::gateway(&snapshot, &settings, "gw-edge", &env).await;
+    halo_e2e::xds::wait_serving(&xds).await;
+    halo_e2e::xds::wait_serving(&standalone).await;
+
+    let token = bearer(&issuer.token("dev@acme.test", &[]));
+    for (gw, forward_auth) in [(&standalone, true), (&xds, false)] {
+        for (alias, model) in [("chat", "claude-upstream-id"), ("claude", BEDROCK_MODEL)] {
+            let before = hop.count();
+            let a = gw
+                .send(
+                    reqwest::Method::POST,
+                    "/v1/messages",
+                    &[
+                        ("authorization", token.as_str()),
+                        ("content-type", "application/json"),
+                        ("anthropic-version", "2023-06-01"),
+                    ],
+                    msg(alias, false, 2).to_string().into_bytes(),
+                )
+                .await;
+            let what = format!("{alias}, forwardAuth {forward_auth}");
+            assert_eq!(a.status, 200, "{what}: {}", a.text());
+            assert_eq!(a.json()["provider"], "next-hop", "{what}: {}", a.text());
+            assert_eq!(hop.count(), before + 1, "{what}");
+            let seen = hop.seen().pop().expect("the next hop saw it");
+            assert_eq!(seen.path, "/v1/messages", "{what}: the client's path");
+            assert_eq!(seen.json()["model"], model, "{what}: the target's model id");
+            assert_eq!(
+                seen.header("authorization"),
+                forward_auth.then_some(token.as_str()),
+                "{what}"
+            );
+            assert_eq!(
+                seen.header("x-api-key"),
+                None,
+                "{what}: no key of the gateway's"
+            );
+        }
+    }
+    assert_eq!(direct.count(), 0, "nothing went to the policy's upstreams");
+}
