@@ -416,6 +416,12 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
         .unwrap();
     let text = wait_text(&c, "Over this run").await;
     assert!(text.contains("Run 1, evaluated"), "{text}");
+    assert!(
+        text.contains(
+            "Enrolled this run: 12000 units (canary 6000, control 6000); spend 0.00 USD."
+        ),
+        "{text}"
+    );
     let charts = c.find_all(Locator::Css("svg.chart")).await.unwrap();
     assert!(!charts.is_empty(), "a chart per metric and arm: {text}");
     let label = charts[0]

@@ -131,6 +131,12 @@ pub struct ExperimentReport {
     pub action: Option<ActionState>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Distinct units with evidence this run, per variant (who was assigned and called).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub units: BTreeMap<String, u64>,
+    /// What the experiment's calls cost this run, in USD (calls without a price count 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spend_usd: Option<f64>,
 }
 
 /// The controller's state for `halo controller status` and the API.
@@ -296,6 +302,8 @@ impl Controller {
                             .open_run(&exp.name)
                             .and_then(|e| e.action.clone()),
                         error: Some(e),
+                        units: BTreeMap::new(),
+                        spend_usd: None,
                     }
                 }
             };
@@ -380,6 +388,8 @@ impl Controller {
             verdict,
             action,
             error: None,
+            units: BTreeMap::new(),
+            spend_usd: None,
         };
         if rollout_owned(org, name) {
             return Ok(report(0, "rollout", None, None));
@@ -442,6 +452,19 @@ impl Controller {
             run_started: current.run_started,
             now,
         });
+        let mut units: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+        for s in samples.values().flatten() {
+            units.entry(&s.variant).or_default().insert(&s.unit);
+        }
+        let units: BTreeMap<String, u64> = units
+            .into_iter()
+            .map(|(v, u)| (v.to_string(), u.len() as u64))
+            .collect();
+        let report = |run, state: &str, verdict, action| ExperimentReport {
+            units: units.clone(),
+            spend_usd: Some(spend_usd),
+            ..report(run, state, verdict, action)
+        };
         self.counters.verdicts[index(verdict.decision)].fetch_add(1, Ordering::Relaxed);
         if verdict.decision == Decision::Continue {
             return Ok(report(run, "evaluated", Some(verdict), None));

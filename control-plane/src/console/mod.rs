@@ -791,6 +791,13 @@ async fn experiment(
                             @if let Some(e) = &rep.error { ": " (e) }
                             "."
                         }
+                        @if !rep.units.is_empty() || rep.spend_usd.is_some() {
+                            p {
+                                "Enrolled this run: " (rep.units.values().sum::<u64>()) " units ("
+                                (rep.units.iter().map(|(v, n)| format!("{v} {n}")).collect::<Vec<_>>().join(", "))
+                                "); spend " (rep.spend_usd.map_or("-".to_string(), |s| format!("{s:.2} USD"))) "."
+                            }
+                        }
                         @if let Some(a) = &rep.action {
                             p { "Action: " (a.decision.as_str()) "; kill " (a.kill_outcome.map_or("-", |k| k.as_str())) "; pull request " (a.pull_request.as_deref().unwrap_or("not yet")) "; notified " (if a.notified { "yes" } else { "not yet" }) "." }
                         }
