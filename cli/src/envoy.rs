@@ -52,6 +52,10 @@ pub struct BootstrapArgs {
     /// verify the client's token.
     #[arg(long, value_name = "URL")]
     next_hop: Option<String>,
+    /// Where requests go that the policy has no route for (e.g. GET /v1/models), the
+    /// caller identified first; without it they are answered 404.
+    #[arg(long, value_name = "URL")]
+    default_upstream: Option<String>,
     /// halo-server's kill list, e.g. https://halo-server/api/v1/gateway/killswitch.
     /// Needs --killswitch-token-file and --killswitch-pubkey.
     #[arg(long, value_name = "URL", requires_all = ["killswitch_token_file", "killswitch_pubkey"])]
@@ -273,6 +277,7 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         killswitch_url: args.killswitch_url.clone(),
         evidence,
         next_hop: args.next_hop.clone(),
+        default_upstream: args.default_upstream.clone(),
         ..GatewaySettings::default()
     }
     .with_filter_settings(settings)

@@ -448,7 +448,7 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
     let mut clusters: Vec<Value> = plan.targets.iter().map(target_cluster).collect();
     clusters.extend(plan.aggregates.iter().map(|a| aggregate_cluster(plan, a)));
     clusters.extend(
-        [&l.jwks, &l.killswitch, &l.evidence]
+        [&l.jwks, &l.killswitch, &l.evidence, &l.default_upstream]
             .into_iter()
             .flatten()
             .map(service_cluster),

@@ -56,6 +56,10 @@ pub const JWT_PAYLOAD_KEY: &str = "halo_jwt";
 /// filter's hygiene strips it before any upstream.
 pub const JWT_PAYLOAD_HEADER: &str = "x-halo-jwt-payload";
 
+/// The cluster of the gateway settings' `defaultUpstream`, where requests no policy route
+/// takes go (the filter names it in the route header).
+pub const DEFAULT_UPSTREAM_CLUSTER: &str = "halo-default-upstream";
+
 /// The response header naming the upstream whose key was missing on a 502
 /// `upstream_auth_error` of the credential chain ([`crate::credentials::key_lua`]): the
 /// halo filter counts it per upstream (`halo_upstream_auth_errors`) and removes it before

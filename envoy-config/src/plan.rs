@@ -114,6 +114,12 @@ pub struct GatewaySettings {
     /// keeps the client's Authorization for it to verify). Failover, timeouts and the
     /// breaker stay per target. Unset (default): each target's own upstream.
     pub next_hop: Option<String>,
+    /// Where requests go that the policy has no route for (for example `GET /v1/models`,
+    /// which the filter otherwise answers itself, or another provider path): an http(s)
+    /// URL, its path unused (the client's is forwarded). The caller is identified first,
+    /// as for a model call (unauthenticated: 401); the client's credentials are removed
+    /// unless `forwardAuth`. Unset (default): such paths are 404.
+    pub default_upstream: Option<String>,
 }
 
 impl GatewaySettings {
@@ -174,6 +180,7 @@ impl Default for GatewaySettings {
             upstream_headers: BTreeMap::new(),
             evidence: None,
             next_hop: None,
+            default_upstream: None,
         }
     }
 }
@@ -252,6 +259,10 @@ pub struct ListenerPlan {
     /// among [`Self::access_logs`] sends to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evidence: Option<ServicePlan>,
+    /// The default upstream's cluster ([`GatewaySettings::default_upstream`]): the filter
+    /// names it in the route header for a request no policy route takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_upstream: Option<ServicePlan>,
     /// The halo filter; `None`: no halo filter (routing-layer tests only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filter: Option<FilterPlan>,
@@ -695,6 +706,18 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
         Some(e) => Some(crate::evidence::service(e, &settings.upstream_ca_file)?),
         None => None,
     };
+    let default_upstream = settings
+        .default_upstream
+        .as_deref()
+        .map(|u| {
+            ServicePlan::new(
+                "defaultUpstream",
+                names::DEFAULT_UPSTREAM_CLUSTER,
+                u,
+                &settings.upstream_ca_file,
+            )
+        })
+        .transpose()?;
     let jwt_authn = jwks
         .as_ref()
         .and_then(|j| crate::bootstrap::jwt_authn(snap, &j.uri, &settings.wasm_path));
@@ -704,6 +727,9 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             let entry = m.entry("killSwitch").or_insert_with(|| json!({}));
             entry["cluster"] = json!(ks.cluster);
             entry["url"] = json!(ks.uri);
+        }
+        if let (Some(d), Some(m)) = (&default_upstream, filter_settings.as_object_mut()) {
+            m.insert("defaultUpstreamCluster".into(), json!(d.cluster));
         }
         FilterPlan {
             name: names::FILTER_NAME.into(),
@@ -718,6 +744,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             jwks,
             killswitch,
             evidence,
+            default_upstream,
             filter,
             name: settings.listener_name.clone(),
             address: settings.listen_address.clone(),

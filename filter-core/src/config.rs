@@ -57,6 +57,10 @@ struct RawSettings {
     kill_switch: Option<RawKillSwitch>,
     #[serde(default)]
     route_header: Option<String>,
+    /// The cluster the gateway plan gives `defaultUpstream`: a request no policy route
+    /// takes is routed there instead of answered 404.
+    #[serde(default)]
+    default_upstream_cluster: Option<String>,
     #[serde(default)]
     test_panic: Option<TestPanic>,
 }
@@ -157,6 +161,9 @@ pub struct Config {
     pub max_body_bytes: u64,
     pub kill_switch: Option<KillSwitchSettings>,
     pub route_header: String,
+    /// Where a request no policy route takes goes ([`RawSettings`]'s
+    /// `defaultUpstreamCluster`); `None`: 404.
+    pub default_upstream: Option<String>,
     /// The pushed kill-list envelope (bytes as signed), if any.
     pub kill_list: Option<Vec<u8>>,
     /// Test only (`settings.testPanic`): the native build panics in this hook, so the live
@@ -310,6 +317,13 @@ impl Config {
                 "settings.routeHeader: {route_header:?} must be a header name starting with x-halo- (so every client copy is stripped)"
             )));
         }
+        if let Some(c) = &s.default_upstream_cluster
+            && !is_token(c)
+        {
+            return Err(ConfigError(format!(
+                "settings.defaultUpstreamCluster: {c:?} is not a cluster name"
+            )));
+        }
         Ok(Config {
             snapshot,
             identity,
@@ -317,6 +331,7 @@ impl Config {
             max_body_bytes,
             kill_switch,
             route_header,
+            default_upstream: s.default_upstream_cluster,
             kill_list: raw.kill_list.map(String::into_bytes),
             test_panic: s.test_panic,
         })

@@ -1266,3 +1266,48 @@ fn an_error_answer_has_no_usage_and_token_counting_no_account() {
     errors_and_token_counts::<true>();
     errors_and_token_counts::<false>();
 }
+
+fn default_upstream<const P: bool>() {
+    let get = |user: Option<&str>, path: &str| {
+        let mut e = FakeEnvoy::<P>::with_headers(&[
+            (":method", "GET"),
+            (":path", path),
+            (":authority", "gw"),
+            ("authorization", "Bearer tok"),
+        ]);
+        e.claims = user.and_then(claims);
+        e
+    };
+    let with = policy(json!({"defaultUpstreamCluster": "halo-default-upstream"}));
+    // The model list and a path no policy route takes go to the default upstream, as
+    // they came, less the client's credentials.
+    for path in ["/v1/models", "/v1/files"] {
+        let r = fake::request(&with, get(Some("u@x"), path), &[], 200);
+        assert!(r.envoy.sent.is_none(), "{path}: not answered by the filter");
+        assert_eq!(
+            r.envoy.header("x-halo-route"),
+            Some("halo-default-upstream"),
+            "{path}"
+        );
+        assert_eq!(r.envoy.header(":path"), Some(path));
+        assert_eq!(r.envoy.header("authorization"), None, "{path}");
+    }
+    // The caller is identified first.
+    let r = fake::request(&with, get(None, "/v1/models"), &[], 0);
+    assert_eq!(r.envoy.sent.as_ref().map(|s| s.status), Some(401));
+    assert_eq!(r.envoy.header("x-halo-route"), None);
+    // A model call the policy refuses is still refused, not sent there.
+    let body = messages("gpt-4", 1);
+    let r = fake::request(&with, post::<P>(Some("u@x"), &body, &[]), &[&body], 0);
+    assert_eq!(r.envoy.sent.as_ref().map(|s| s.status), Some(400));
+    // Without one, an unknown path is 404.
+    let without = policy(json!({}));
+    let r = fake::request(&without, get(Some("u@x"), "/v1/files"), &[], 0);
+    assert_eq!(r.envoy.sent.as_ref().map(|s| s.status), Some(404));
+}
+
+#[test]
+fn with_a_default_upstream_an_unrouted_path_goes_there_after_identity() {
+    default_upstream::<true>();
+    default_upstream::<false>();
+}

@@ -379,11 +379,15 @@ pub fn on_body(
     let admission = match scanned {
         Some(scanned) => admit::admit_scanned(snap, &pending.method, &pending.path, body, scanned),
         None => admit::admit(snap, &pending.method, &pending.path, body),
-    }
-    .map_err(|r| Reply::from_refusal(&r, "admit"))?;
-    let call = match admission {
-        Admission::ListModels => return list_models(cfg, snap),
-        Admission::Model(call) => call,
+    };
+    let call = match (admission, &cfg.default_upstream) {
+        // No policy route takes it (the model list, or another path): the default
+        // upstream, when the gateway has one.
+        (Ok(Admission::ListModels), Some(cluster)) => return Ok(to_default(cfg, cluster)),
+        (Err(r), Some(cluster)) if r.status == 404 => return Ok(to_default(cfg, cluster)),
+        (Ok(Admission::ListModels), None) => return list_models(cfg, snap),
+        (Ok(Admission::Model(call)), _) => call,
+        (Err(r), _) => return Err(Reply::from_refusal(&r, "admit")),
     };
     let decision = decide::decide(snap, &pending.caller, &call.alias);
     let order = route::route_order(&decision.targets, pending.pick_key.as_deref(), &call.alias);
@@ -489,6 +493,23 @@ fn account_of(
         assign::unit(&salt, user),
         call.alias.clone(),
     )
+}
+
+/// A request no policy route takes, to the default upstream's `cluster` as it came (less
+/// the client's credentials without forwardAuth): no decision, no account.
+fn to_default(cfg: &Config, cluster: &str) -> Forward {
+    Forward {
+        attempt_note: None,
+        first_pick: None,
+        body: None,
+        path: None,
+        cluster: cluster.to_string(),
+        stamps: vec![(cfg.route_header.clone(), cluster.to_string())],
+        ring: decide::UNKNOWN_RING.to_string(),
+        variant: None,
+        decision: None,
+        account: None,
+    }
 }
 
 /// GET /v1/models passes through, to the upstream of the `default` alias's first target,

@@ -627,6 +627,8 @@ pub struct GatewayOptions {
     pub evidence: Option<halo_envoy_config::evidence::Export>,
     /// Edge mode: the gateway settings' `nextHop`.
     pub next_hop: Option<String>,
+    /// The gateway settings' `defaultUpstream`.
+    pub default_upstream: Option<String>,
 }
 
 impl Default for GatewayOptions {
@@ -643,6 +645,7 @@ impl Default for GatewayOptions {
             callgrind: false,
             evidence: None,
             next_hop: None,
+            default_upstream: None,
         }
     }
 }
@@ -679,6 +682,7 @@ impl Gateway {
                 killswitch_url: opts.killswitch_url,
                 evidence: opts.evidence,
                 next_hop: opts.next_hop,
+                default_upstream: opts.default_upstream,
                 upstream_ca_file: opts.upstream_ca_file.map_or_else(
                     || halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.to_string(),
                     |f| f.display().to_string(),

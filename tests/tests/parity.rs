@@ -535,12 +535,15 @@ async fn both_modes_render_the_same_gateway_and_answer_alike() {
 /// goes to the next hop after the decision, on the client's path, with the model rewritten
 /// to the decided target's model id, untranslated (a Bedrock target too) and without a
 /// key of the gateway's; the client's Authorization reaches it only with `forwardAuth`.
+/// With `defaultUpstream`, a path no policy route takes (GET /v1/models) goes there, the
+/// caller identified first (unauthenticated: 401, nothing sent).
 /// Both modes: standalone with forwardAuth, xDS without.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_mode_forwards_each_call_to_the_next_hop_with_the_targets_model() {
     let issuer = Issuer::start().await;
     let hop = Provider::start("next-hop").await;
     let direct = Provider::start("direct").await;
+    let fallback = Provider::start("default-upstream").await;
     let doc = json!({
         "schema": 1,
         "org": "edge-org",
@@ -567,6 +570,7 @@ async fn edge_mode_forwards_each_call_to_the_next_hop_with_the_targets_model() {
         GatewayOptions {
             settings: json!({"forwardAuth": true}),
             next_hop: Some(hop.url.clone()),
+            default_upstream: Some(fallback.url.clone()),
             env: env
                 .iter()
                 .map(|(n, v)| (n.to_string(), v.map(str::to_string)))
@@ -576,6 +580,7 @@ async fn edge_mode_forwards_each_call_to_the_next_hop_with_the_targets_model() {
     );
     let settings = halo_xds::GatewaySettings {
         next_hop: Some(hop.url.clone()),
+        default_upstream: Some(fallback.url.clone()),
         ..halo_e2e::xds::settings(free_port())
     };
     let (_ads, xds) = halo_e2e::xds::gateway(&snapshot, &settings, "gw-edge", &env).await;
@@ -618,4 +623,40 @@ async fn edge_mode_forwards_each_call_to_the_next_hop_with_the_targets_model() {
         }
     }
     assert_eq!(direct.count(), 0, "nothing went to the policy's upstreams");
+
+    // defaultUpstream: the model list is no policy route; it goes there once the caller
+    // is identified, with Authorization only with forwardAuth.
+    for (gw, forward_auth) in [(&standalone, true), (&xds, false)] {
+        let before = fallback.count();
+        let a = gw
+            .send(reqwest::Method::GET, "/v1/models", &[], Vec::new())
+            .await;
+        assert_eq!(a.status, 401, "forwardAuth {forward_auth}: {}", a.text());
+        assert_eq!(
+            fallback.count(),
+            before,
+            "an unauthenticated call is not forwarded"
+        );
+        let a = gw
+            .send(
+                reqwest::Method::GET,
+                "/v1/models",
+                &[("authorization", token.as_str())],
+                Vec::new(),
+            )
+            .await;
+        assert_eq!(a.status, 200, "forwardAuth {forward_auth}: {}", a.text());
+        assert_eq!(fallback.count(), before + 1);
+        let seen = fallback.seen().pop().expect("the default upstream saw it");
+        assert_eq!(
+            (seen.method.as_str(), seen.path.as_str()),
+            ("GET", "/v1/models")
+        );
+        assert_eq!(
+            seen.header("authorization"),
+            forward_auth.then_some(token.as_str()),
+            "forwardAuth {forward_auth}"
+        );
+    }
+    assert_eq!(hop.count(), 4, "the model list did not go to the next hop");
 }

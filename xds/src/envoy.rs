@@ -119,11 +119,13 @@ pub fn resources(plan: &Plan) -> Vec<Resource> {
     }
     // The JWKS cluster jwt_authn fetches keys through, the kill-list cluster the filter's
     // poll (the fallback to the pushed kill list) goes through, and the evidence
-    // receiver's, which the OpenTelemetry access logger sends to.
+    // receiver's, which the OpenTelemetry access logger sends to, and the default
+    // upstream's.
     for s in [
         &plan.listener.jwks,
         &plan.listener.killswitch,
         &plan.listener.evidence,
+        &plan.listener.default_upstream,
     ]
     .into_iter()
     .flatten()
