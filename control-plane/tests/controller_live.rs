@@ -240,6 +240,29 @@ async fn live_canary(
     std::path::PathBuf,
     Arc<Mutex<Vec<serde_json::Value>>>,
 ) {
+    live_policy(
+        env,
+        Live {
+            files: vec![("experiments/haiku-canary.yaml", HAIKU_CANARY.to_string())],
+            a_fails_in_10,
+            b_fails_in_10,
+            ..Live::default()
+        },
+    )
+    .await
+}
+
+/// [`live_canary`] with the policy files and providers of `live` (its gateway file gets
+/// the evidence export to the server's receiver).
+async fn live_policy(
+    env: &Env,
+    mut live: Live,
+) -> (
+    LiveGateway,
+    halo_server::config::Settings,
+    std::path::PathBuf,
+    Arc<Mutex<Vec<serde_json::Value>>>,
+) {
     std::fs::write(env.path("otlp-gateway.token"), OTLP_GATEWAY_TOKEN).unwrap();
     std::fs::write(env.path("webhook.secret"), WEBHOOK_SECRET).unwrap();
     let (hook, got) = webhook().await;
@@ -251,17 +274,8 @@ async fn live_canary(
     settings.controller.gh = Some(env.path("gh"));
     settings.controller.webhook_url = Some(hook);
     settings.controller.webhook_secret_file = Some(env.path("webhook.secret"));
-    let live = start_live_with(
-        env,
-        settings.clone(),
-        Live {
-            files: vec![("experiments/haiku-canary.yaml", HAIKU_CANARY.to_string())],
-            a_fails_in_10,
-            b_fails_in_10,
-            gateway_file: json!({"evidence": {"url": format!("http://127.0.0.1:{receiver}")}}),
-        },
-    )
-    .await;
+    live.gateway_file = json!({"evidence": {"url": format!("http://127.0.0.1:{receiver}")}});
+    let live = start_live_with(env, settings.clone(), live).await;
     let bare = git_remote(env);
     tick(&live.server).await; // the run starts
     (live, settings, bare, got)
@@ -409,4 +423,196 @@ async fn through_envoy_a_better_treatment_is_promoted_after_min_samples() {
     assert_eq!(msgs.len(), 1, "{msgs:?}");
     assert_eq!(msgs[0]["event"], "promote");
     assert_eq!(env.log_lines("killswitch.jsonl").len(), 0, "nothing killed");
+}
+
+/// The backing experiment for [`HAIKU_ROLLOUT`]: [`HAIKU_CANARY`] with a gate floor of 40.
+fn rollout_files() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "experiments/haiku-canary.yaml",
+            HAIKU_CANARY.replace("minSamples: 100", "minSamples: 40"),
+        ),
+        ("rollouts/haiku-b.yaml", HAIKU_ROLLOUT.to_string()),
+    ]
+}
+
+/// Move `haiku` to prov-b through the canary ring in two steps, gated on the error rate
+/// and the latency of the step's cohort.
+const HAIKU_ROLLOUT: &str = r#"apiVersion: halos.dev/v1
+kind: Rollout
+name: haiku-b
+axis: traffic
+status: running
+step: 0
+experiment: haiku-canary
+change:
+  alias:
+    name: haiku
+    route:
+      targets:
+        - {upstream: prov-b, model: haiku-canary-model}
+steps:
+  - strategy: canary
+    ring: canary
+    percent: 50
+    bake: 1m
+    gates:
+      - {metric: halo.api.error_rate, max: 0.05}
+      - {metric: halo.latency.p95, max: 150}
+    onFailure: rollback
+  - strategy: ring
+    ring: canary
+    bake: 1m
+    gates:
+      - {metric: halo.api.error_rate, max: 0.05}
+    onFailure: rollback
+"#;
+
+/// Send `n` calls of new canary-ring users from `first`; the token of one the canary
+/// answered.
+async fn calls(env: &Env, live: &LiveGateway, first: usize, n: usize) -> Option<String> {
+    let mut canary = None;
+    for i in first..first + n {
+        let t = canary_ring_token(env, i);
+        let (status, body) = ask_raw(&live.client, live.port, &t).await.unwrap();
+        if status == 200 && body["provider"] == "prov-b" {
+            canary.get_or_insert(t);
+        }
+    }
+    canary
+}
+
+/// Tick at `now + ahead` until `done` (bounded; Envoy's logger flushes every second).
+async fn tick_until<F: std::future::Future<Output = bool>>(
+    live: &LiveGateway,
+    ahead: time::Duration,
+    what: &str,
+    done: impl Fn() -> F,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let c = live
+        .server
+        .running
+        .as_ref()
+        .unwrap()
+        .controller
+        .clone()
+        .unwrap();
+    while !done().await {
+        let _ = c
+            .tick_within_budget(time::OffsetDateTime::now_utc() + ahead)
+            .await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never {what}: {}",
+            serde_json::to_string_pretty(&c.status()).unwrap()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// A traffic rollout through a real Envoy (issue #23, "Checked live"): step 0 bakes on
+/// Envoy's own evidence, its gates pass, the advance PR is pushed; the PR merged (the
+/// policy dir's `step:` edited), step 1 bakes on its own cohort and the complete PR
+/// follows. Nothing is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_traffic_rollout_advances_step_by_step_and_completes() {
+    let env = Env::new().await;
+    let (live, _, bare, got) = live_policy(
+        &env,
+        Live {
+            files: rollout_files(),
+            ..Live::default()
+        },
+    )
+    .await;
+    let bake = time::Duration::minutes(2);
+    let has_branch = |b: &str| remote_branches(&bare).lines().any(|l| l == b);
+
+    calls(&env, &live, 0, 120).await.expect("a canary answer");
+    tick_until(&live, bake, "advanced from step 0", || async {
+        has_branch("halo-controller/rollout-haiku-b/step-0-advance")
+    })
+    .await;
+    let pr = git(
+        &bare,
+        &[
+            "show",
+            "halo-controller/rollout-haiku-b/step-0-advance:rollouts/haiku-b.yaml",
+        ],
+    );
+    assert!(pr.contains("\nstep: 1\n"), "{pr}");
+
+    // The PR merged: the served policy is at step 1, which bakes on its own cohort.
+    let file = env.path("policy").join("rollouts/haiku-b.yaml");
+    std::fs::write(&file, pr).unwrap();
+    let app = Arc::clone(&live.server.running.as_ref().unwrap().state);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.policy().org.rollouts["haiku-b"].step != 1 {
+        assert!(std::time::Instant::now() < deadline, "step 1 never served");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tick_status(&live.server).await; // step 1 starts now
+    calls(&env, &live, 1000, 120)
+        .await
+        .expect("a canary answer");
+    tick_until(&live, bake, "completed at step 1", || async {
+        has_branch("halo-controller/rollout-haiku-b/step-1-complete")
+    })
+    .await;
+    let events: Vec<_> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|m| m["event"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(events, ["rollout_advance", "rollout_complete"]);
+    assert_eq!(env.log_lines("killswitch.jsonl").len(), 0, "nothing killed");
+}
+
+/// The same rollout with prov-b answering 250 ms late: the latency gate fails during the
+/// bake, the rollout rolls back, the kill is tripped on gateway evidence and the same
+/// Envoy routes the canary's users to control; the PR to the baseline is pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_envoy_a_slow_step_rolls_back_kills_and_envoy_routes_control() {
+    let env = Env::new().await;
+    let (live, _, bare, got) = live_policy(
+        &env,
+        Live {
+            files: rollout_files(),
+            b_delay: std::time::Duration::from_millis(250),
+            ..Live::default()
+        },
+    )
+    .await;
+    let switch = live
+        .server
+        .running
+        .as_ref()
+        .unwrap()
+        .state
+        .killswitch
+        .clone()
+        .unwrap();
+    let canary = calls(&env, &live, 0, 120).await.expect("a canary answer");
+    tick_until(&live, time::Duration::ZERO, "rolled back", || async {
+        switch
+            .state()
+            .await
+            .is_killed(Target::Experiment, "haiku-canary")
+    })
+    .await;
+    let to_control = live.until(&canary, "prov-a", "haiku-model").await;
+    eprintln!("rollout kill to Envoy routing control {to_control:?}");
+    assert!(
+        remote_branches(&bare)
+            .lines()
+            .any(|l| l == "halo-controller/rollout-haiku-b/step-0-rollback"),
+        "{}",
+        remote_branches(&bare)
+    );
+    let msgs = got.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert_eq!(msgs[0]["event"], "rollout_rollback");
+    assert_eq!(msgs[0]["killOutcome"], "killed");
 }

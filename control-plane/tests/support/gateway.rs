@@ -22,6 +22,11 @@ pub fn provider(name: &'static str) -> String {
 /// [`provider`], answering 500 (Anthropic's `api_error` shape) to `fail_in_10` of every
 /// ten calls, in call order.
 pub fn provider_failing(name: &'static str, fail_in_10: usize) -> String {
+    provider_with(name, fail_in_10, Duration::ZERO)
+}
+
+/// [`provider_failing`], each answer `delay` late.
+pub fn provider_with(name: &'static str, fail_in_10: usize, delay: Duration) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind provider");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -61,6 +66,7 @@ pub fn provider_failing(name: &'static str, fail_in_10: usize) -> String {
                     };
                     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                     let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    std::thread::sleep(delay);
                     let (status, reply) = if n % 10 < fail_in_10 {
                         (
                             "500 Internal Server Error",
@@ -224,6 +230,8 @@ pub struct Live {
     /// prov-a and prov-b answer 500 to this many of every ten calls.
     pub a_fails_in_10: usize,
     pub b_fails_in_10: usize,
+    /// prov-b answers this late.
+    pub b_delay: Duration,
     /// Keys added to the xDS gateway settings file.
     pub gateway_file: Value,
 }
@@ -235,6 +243,7 @@ impl Default for Live {
             files: vec![("toggles/haiku-b.yaml", TOGGLE.to_string())],
             a_fails_in_10: 0,
             b_fails_in_10: 0,
+            b_delay: Duration::ZERO,
             gateway_file: json!({}),
         }
     }
@@ -256,7 +265,7 @@ pub async fn start_live_with(env: &Env, mut settings: Settings, live: Live) -> L
     }
     let (a, b) = (
         provider_failing("prov-a", live.a_fails_in_10),
-        provider_failing("prov-b", live.b_fails_in_10),
+        provider_with("prov-b", live.b_fails_in_10, live.b_delay),
     );
     write_gateway(env, &a, &b, "prov-a");
     for (path, text) in &live.files {
