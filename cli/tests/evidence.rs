@@ -137,7 +137,7 @@ async fn controller_and_rollout_status_print_the_last_tick() {
     settings.evidence.gateway_token_file = Some(token);
     settings.controller.enabled = true;
     let server = serve(&settings).await;
-    let controller = server.running.as_ref().unwrap().controller.clone().unwrap();
+    let controller = server.controller();
     controller
         .tick_within_budget(time::OffsetDateTime::now_utc())
         .await

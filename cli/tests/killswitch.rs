@@ -220,14 +220,7 @@ async fn controller_run_kills_through_the_data_dir_a_halo_server_serves() {
     settings.evidence.gateway_listen = Some("127.0.0.1:0".parse().unwrap());
     settings.evidence.gateway_token_file = Some(env.path("otlp-gateway.token"));
     let server = serve(&settings).await;
-    let switch = server
-        .running
-        .as_ref()
-        .unwrap()
-        .state
-        .killswitch
-        .clone()
-        .unwrap();
+    let switch = server.killswitch();
     let p = |name: &str| env.path(name).to_str().unwrap().to_string();
     let run = || {
         halo(

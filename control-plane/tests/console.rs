@@ -228,7 +228,7 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     settings.controller.enabled = true;
     let server = serve(&settings).await;
     let base = server.base.clone();
-    let controller = server.running.as_ref().unwrap().controller.clone().unwrap();
+    let controller = server.controller();
     controller
         .tick_within_budget(time::OffsetDateTime::now_utc())
         .await

@@ -54,14 +54,14 @@ async fn killed(server: &Server) -> bool {
 
 /// One tick, failed or not; the controller's status after it (for failure messages).
 async fn tick_status(server: &Server) -> String {
-    let c = server.running.as_ref().unwrap().controller.clone().unwrap();
+    let c = server.controller();
     let _ = c.tick_within_budget(time::OffsetDateTime::now_utc()).await;
     serde_json::to_string_pretty(&c.status()).unwrap()
 }
 
 /// One tick; returns the controller's status after it (for failure messages).
 async fn tick(server: &Server) -> String {
-    let c = server.running.as_ref().unwrap().controller.clone().unwrap();
+    let c = server.controller();
     c.tick_within_budget(time::OffsetDateTime::now_utc())
         .await
         .expect("the tick succeeds");
@@ -377,14 +377,7 @@ async fn through_envoy_a_better_treatment_is_promoted_after_min_samples() {
     const CALLS: usize = 1200;
     let env = Env::new().await;
     let (live, _, bare, got) = live_canary(&env, 3, 0).await;
-    let controller = live
-        .server
-        .running
-        .as_ref()
-        .unwrap()
-        .controller
-        .clone()
-        .unwrap();
+    let controller = live.server.controller();
     let decided = || {
         controller
             .status()
@@ -490,14 +483,7 @@ async fn tick_until<F: std::future::Future<Output = bool>>(
     done: impl Fn() -> F,
 ) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let c = live
-        .server
-        .running
-        .as_ref()
-        .unwrap()
-        .controller
-        .clone()
-        .unwrap();
+    let c = live.server.controller();
     while !done().await {
         let _ = c
             .tick_within_budget(time::OffsetDateTime::now_utc() + ahead)
@@ -585,15 +571,7 @@ async fn through_envoy_a_slow_step_rolls_back_kills_and_envoy_routes_control() {
         },
     )
     .await;
-    let switch = live
-        .server
-        .running
-        .as_ref()
-        .unwrap()
-        .state
-        .killswitch
-        .clone()
-        .unwrap();
+    let switch = live.server.killswitch();
     let canary = calls(&env, &live, 0, 120).await.expect("a canary answer");
     tick_until(&live, time::Duration::ZERO, "rolled back", || async {
         switch

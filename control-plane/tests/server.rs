@@ -602,14 +602,7 @@ async fn health_and_metrics_on_the_admin_listener() {
 async fn subscribers_see_a_kill_at_once() {
     let env = Env::new().await;
     let server = serve(&env.settings()).await;
-    let ks = server
-        .running
-        .as_ref()
-        .unwrap()
-        .state
-        .killswitch
-        .clone()
-        .unwrap();
+    let ks = server.killswitch();
     let mut rx = ks.subscribe();
     rx.borrow_and_update();
     let r = server

@@ -29,6 +29,7 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum_extra::extract::cookie::{Key, PrivateCookieJar};
+use futures_util::future::BoxFuture;
 use maud::{Markup, html};
 use serde::Serialize;
 use serde_json::Value;
@@ -76,10 +77,22 @@ pub fn router(app: Shared, key: Key, url: Option<String>, xds: Option<Arc<XdsHos
         .route("/console/logged-out", get(logged_out))
         .route("/console/experiments/{name}", get(experiment))
         .route("/console/rollouts/{name}", get(rollout))
-        .route("/console/experiments/{name}/kill", post(kill))
-        .route("/console/experiments/{name}/unkill", post(unkill))
-        .route("/console/toggles/{name}/kill", post(kill_toggle))
-        .route("/console/toggles/{name}/unkill", post(unkill_toggle))
+        .route(
+            "/console/experiments/{name}/kill",
+            post(change(Action::Kill, Target::Experiment)),
+        )
+        .route(
+            "/console/experiments/{name}/unkill",
+            post(change(Action::Unkill, Target::Experiment)),
+        )
+        .route(
+            "/console/toggles/{name}/kill",
+            post(change(Action::Kill, Target::Toggle)),
+        )
+        .route(
+            "/console/toggles/{name}/unkill",
+            post(change(Action::Unkill, Target::Toggle)),
+        )
         .route("/console/audit", get(audit))
         .route("/console/fleet", get(fleet))
         .route("/console/devices/{id}/revoke", post(revoke))
@@ -939,74 +952,21 @@ async fn rollout(State(console): State<Console>, s: Session, Path(name): Path<St
     )
 }
 
-async fn kill(
-    state: State<Console>,
-    s: Session,
-    headers: HeaderMap,
-    name: Path<String>,
-    body: Bytes,
-) -> Response {
-    change(
-        state,
-        s,
-        headers,
-        name,
-        body,
-        Action::Kill,
-        Target::Experiment,
-    )
-    .await
+/// The handler of one kill or unkill form: `action` on a `target` named in the path.
+fn change(
+    action: Action,
+    target: Target,
+) -> impl Fn(State<Console>, Session, HeaderMap, Path<String>, Bytes) -> BoxFuture<'static, Response>
++ Clone
++ Send
++ Sync
++ 'static {
+    move |state, s, headers, name, body| {
+        Box::pin(change_one(state, s, headers, name, body, action, target))
+    }
 }
 
-async fn unkill(
-    state: State<Console>,
-    s: Session,
-    headers: HeaderMap,
-    name: Path<String>,
-    body: Bytes,
-) -> Response {
-    change(
-        state,
-        s,
-        headers,
-        name,
-        body,
-        Action::Unkill,
-        Target::Experiment,
-    )
-    .await
-}
-
-async fn kill_toggle(
-    state: State<Console>,
-    s: Session,
-    headers: HeaderMap,
-    name: Path<String>,
-    body: Bytes,
-) -> Response {
-    change(state, s, headers, name, body, Action::Kill, Target::Toggle).await
-}
-
-async fn unkill_toggle(
-    state: State<Console>,
-    s: Session,
-    headers: HeaderMap,
-    name: Path<String>,
-    body: Bytes,
-) -> Response {
-    change(
-        state,
-        s,
-        headers,
-        name,
-        body,
-        Action::Unkill,
-        Target::Toggle,
-    )
-    .await
-}
-
-async fn change(
+async fn change_one(
     State(console): State<Console>,
     s: Session,
     headers: HeaderMap,

@@ -162,6 +162,18 @@ pub struct Reply {
 }
 
 impl Server {
+    /// The running server's kill switch (it has a kill key).
+    pub fn killswitch(&self) -> std::sync::Arc<halo_server::killswitch::KillSwitch> {
+        let running = self.running.as_ref().expect("running");
+        running.state.killswitch.clone().expect("a kill key")
+    }
+
+    /// The running server's controller (`--controller`).
+    pub fn controller(&self) -> std::sync::Arc<halo_controller::controller::Controller> {
+        let running = self.running.as_ref().expect("running");
+        running.controller.clone().expect("the controller is on")
+    }
+
     pub async fn stop(mut self) {
         if let Some(r) = self.running.take() {
             r.shutdown().await;
