@@ -434,6 +434,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         // Every upstream is the demo provider on loopback: let it receive the SigV4
         // signature (made with the demo's key pair, see envoy::DEMO_AWS_ACCESS_KEY).
         sign_hosts: vec![provider.addr.ip().to_string()],
+        // The demo issuer is plain http on loopback, which halo-server's discovery of the
+        // JWKS URL refuses (https only): its keys are at the default path, said here.
+        jwks_uri: Some(halo_envoy_config::plan::default_jwks_uri(&issuer.url())),
         ..halo_xds::GatewaySettings::default()
     };
     let settings = halo_server::config::Settings {
