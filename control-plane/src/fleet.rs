@@ -96,8 +96,48 @@ pub struct Device {
     pub revoked: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_report_at: Option<String>,
+    /// What the last report said (halod's status line, summarized).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_report: Option<ReportSummary>,
     #[serde(skip)]
     expires: Option<OffsetDateTime>,
+}
+
+/// The parts of halod's status line admins look at: the ring and release it runs, how the
+/// cycle went, and the files it found changed on disk (drift) and put back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportSummary {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<String>,
+}
+
+impl ReportSummary {
+    /// Read from a status line; fields it lacks or of another type are left out (a report
+    /// is the device's word, shown, never trusted for a decision).
+    pub fn of(status: &serde_json::Value) -> ReportSummary {
+        let text = |k: &str| status.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        ReportSummary {
+            outcome: text("outcome"),
+            ring: text("ring"),
+            digest: text("digest"),
+            drift: status
+                .get("drift")
+                .and_then(|d| d.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|f| f.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl Device {
@@ -250,6 +290,7 @@ impl Fleet {
                             expires_at,
                             revoked: false,
                             last_report_at: None,
+                            last_report: None,
                         },
                     );
                 }
@@ -264,6 +305,7 @@ impl Fleet {
             if let Ok(r) = serde_json::from_value::<ReportRecord>(v)
                 && let Some(d) = r.device.and_then(|id| state.devices.get_mut(&id))
             {
+                d.last_report = Some(ReportSummary::of(&r.status));
                 d.last_report_at = Some(r.at);
             }
         }
@@ -372,6 +414,7 @@ impl Fleet {
                 expires: Some(expires),
                 revoked: false,
                 last_report_at: None,
+                last_report: None,
             },
         );
         Ok(EnrolledDevice {
@@ -432,6 +475,7 @@ impl Fleet {
         if let Some(id) = device
             && let Some(d) = self.state.lock().await.devices.get_mut(id)
         {
+            d.last_report = Some(ReportSummary::of(&rec.status));
             d.last_report_at = Some(rec.at);
         }
         Ok(())

@@ -439,7 +439,48 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     .unwrap();
     shot(&c, "experiment-chart").await;
 
+    // A device enrolled and reporting a drifted file: the fleet page shows its ring,
+    // release and drift.
+    let admin = env.admin_token();
+    let r = server
+        .post(
+            "/api/v1/enrollment-tokens",
+            Some(&admin),
+            json!({"user": "carol@acme.com", "groups": ["halos-canary"]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let r = server
+        .post(
+            "/api/v1/enroll",
+            None,
+            json!({"enrollmentToken": r.body["token"], "host": "carol-mbp"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let device = r.body["deviceToken"].as_str().unwrap().to_string();
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let r = server
+        .post(
+            "/api/v1/fleet/report",
+            Some(&device),
+            json!({"outcome": "applied", "ring": "canary", "digest": digest,
+                   "drift": ["~/.claude/settings.json"]}),
+        )
+        .await;
+    assert!(r.status < 300, "{:?}", r.body);
+    let r = server.get("/api/v1/devices", Some(&admin)).await;
+    assert_eq!(
+        r.body["devices"][0]["lastReport"]["ring"], "canary",
+        "{:?}",
+        r.body
+    );
     c.goto(&format!("{base}/console/fleet")).await.unwrap();
+    let text = body_text(&c).await;
+    assert!(
+        text.contains("canary") && text.contains("1 file(s) ~/.claude/settings.json"),
+        "{text}"
+    );
     assert_eq!(h1(&c).await, "Fleet");
     check_accessible(&c).await;
     shot(&c, "fleet").await;

@@ -812,7 +812,7 @@ async fn experiment(
                             }
                         }
                         @if let Some(a) = &rep.action {
-                            p { "Action: " (a.decision.as_str()) "; kill " (a.kill_outcome.map_or("-", |k| k.as_str())) "; pull request " (a.pull_request.as_deref().unwrap_or("not yet")) "; notified " (if a.notified { "yes" } else { "not yet" }) "." }
+                            p { "Action: " (a.decision.as_str()) "; kill " (a.kill_outcome.map_or("-", |k| k.as_str())) "; pull request " (pages::pr_link(a.pull_request.as_deref())) "; notified " (if a.notified { "yes" } else { "not yet" }) "." }
                         }
                         @if let Some(v) = rep.verdict.as_ref().or(rep.action.as_ref().map(|a| &a.verdict)) {
                             @if !v.table.is_empty() { (pages::evidence_table(&v.table)) }
@@ -938,7 +938,7 @@ async fn rollout(State(console): State<Console>, s: Session, Path(name): Path<St
                         }
                     }
                     @if let Some(a) = &rep.action {
-                        p { "Decided at step " (a.step) ": " strong { (a.evaluation.action.as_str()) } "; kill " (a.kill_outcome.map_or("-", |k| k.as_str())) "; pull request " (a.pull_request.as_deref().unwrap_or("not yet")) "; notified " (if a.notified { "yes" } else { "not yet" }) "." }
+                        p { "Decided at step " (a.step) ": " strong { (a.evaluation.action.as_str()) } "; kill " (a.kill_outcome.map_or("-", |k| k.as_str())) "; pull request " (pages::pr_link(a.pull_request.as_deref())) "; notified " (if a.notified { "yes" } else { "not yet" }) "." }
                     }
                 }
                 (Some(rep), None) => p { "State " strong { (rep.state) } ": " (rep.error.as_deref().unwrap_or("")) },
@@ -1065,7 +1065,7 @@ async fn fleet(State(console): State<Console>, s: Session) -> Response {
     let body = html! {
         p { (devices.len()) " devices enrolled." }
         table {
-            thead { tr { th scope="col" { "Device" } th scope="col" { "User" } th scope="col" { "Groups" } th scope="col" { "Host" } th scope="col" { "Enrolled" } th scope="col" { "Expires" } th scope="col" { "Last report" } th scope="col" { "State" } } }
+            thead { tr { th scope="col" { "Device" } th scope="col" { "User" } th scope="col" { "Groups" } th scope="col" { "Host" } th scope="col" { "Enrolled" } th scope="col" { "Expires" } th scope="col" { "Last report" } th scope="col" { "Ring" } th scope="col" { "Release" } th scope="col" { "Drift" } th scope="col" { "State" } } }
             tbody {
                 @for d in &devices {
                     tr {
@@ -1076,6 +1076,10 @@ async fn fleet(State(console): State<Console>, s: Session) -> Response {
                         td { (d.enrolled_at) }
                         td { (d.expires_at) }
                         td { (d.last_report_at.as_deref().unwrap_or("never")) }
+                        @let r = d.last_report.clone().unwrap_or_default();
+                        td { (r.ring.as_deref().unwrap_or("-")) }
+                        td { @if let Some(digest) = &r.digest { code title=(digest) { (digest.get(..19).unwrap_or(digest)) } } @else { "-" } }
+                        td { @if r.drift.is_empty() { "none" } @else { span.killed { (r.drift.len()) " file(s)" } " " (r.drift.join(", ")) } }
                         td {
                             @if d.revoked { span.killed { "revoked" } } @else {
                                 form method="post" action={ "/console/devices/" (d.id) "/revoke" } {

@@ -77,6 +77,18 @@ pub fn problem(title: &str, message: &str, action: Option<(&str, &str)>) -> Mark
     )
 }
 
+/// A controller PR: a link when it is an http(s) URL (what `gh pr create` prints), else
+/// the text as given, or "not yet".
+pub fn pr_link(pr: Option<&str>) -> Markup {
+    html! {
+        @match pr {
+            Some(url) if url.starts_with("https://") || url.starts_with("http://") => a href=(url) { (url) },
+            Some(text) => (text),
+            None => "not yet",
+        }
+    }
+}
+
 /// A yes/no cell.
 pub fn killed_cell(killed: bool) -> Markup {
     html! {
