@@ -1073,9 +1073,9 @@ async fn fleet(State(console): State<Console>, s: Session) -> Response {
                         td { (d.user.as_deref().unwrap_or("-")) }
                         td { (d.groups.join(", ")) }
                         td { (d.host.as_deref().unwrap_or("-")) }
-                        td { (d.enrolled_at) }
-                        td { (d.expires_at) }
-                        td { (d.last_report_at.as_deref().unwrap_or("never")) }
+                        td { (pages::minute(&d.enrolled_at)) }
+                        td { (pages::minute(&d.expires_at)) }
+                        td { (d.last_report_at.as_deref().map_or("never".to_string(), pages::minute)) }
                         @let r = d.last_report.clone().unwrap_or_default();
                         td { (r.ring.as_deref().unwrap_or("-")) }
                         td { @if let Some(digest) = &r.digest { code title=(digest) { (digest.get(..19).unwrap_or(digest)) } } @else { "-" } }

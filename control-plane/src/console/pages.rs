@@ -89,6 +89,15 @@ pub fn pr_link(pr: Option<&str>) -> Markup {
     }
 }
 
+/// An RFC 3339 time to the minute, for tables ("2026-12-02 09:12 UTC"); anything else
+/// as given.
+pub fn minute(at: &str) -> String {
+    match (at.get(..10), at.get(11..16)) {
+        (Some(day), Some(hm)) if at.ends_with('Z') => format!("{day} {hm} UTC"),
+        _ => at.to_string(),
+    }
+}
+
 /// A yes/no cell.
 pub fn killed_cell(killed: bool) -> Markup {
     html! {
