@@ -219,8 +219,13 @@ impl Envoy {
 
     /// The instructions Envoy executed (user space, all threads) while `work` ran, for an
     /// Envoy started with [`Envoy::start_under_callgrind`]; `None` otherwise or when
-    /// callgrind did not answer.
-    pub fn count_instructions(&self, work: impl FnOnce()) -> Option<u64> {
+    /// callgrind did not answer. `save`: where to copy that stretch's profile (callgrind's dump, for
+    /// `callgrind_annotate`); the Envoy's own directory goes with it.
+    pub fn count_instructions(
+        &self,
+        work: impl FnOnce(),
+        save: Option<&std::path::Path>,
+    ) -> Option<u64> {
         let pid = self.child.id().to_string();
         let control = |args: &[&str]| {
             Command::new("callgrind_control")
@@ -243,6 +248,9 @@ impl Envoy {
                 .then(|| dumps.into_iter().last())
                 .flatten()
         });
+        if let Some(save) = save {
+            std::fs::copy(&newest, save).ok()?;
+        }
         let text = std::fs::read_to_string(newest).ok()?;
         text.lines()
             .find_map(|l| l.strip_prefix("totals:"))

@@ -469,11 +469,6 @@ async fn main() {
         n.parse()
             .expect("HALO_BENCH_CALLGRIND: a number of requests")
     });
-    if let Some(requests) = callgrind {
-        let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
-        count_instructions(&snap, &sink.url, no_jwt, &builds, &token, requests).await;
-        return;
-    }
     // Each build, then each build's baseline module when one is given
     // (HALO_BENCH_BASELINE_WASM, HALO_BENCH_BASELINE_NATIVE: an earlier build of the
     // filter), compared with the build in the same run.
@@ -497,6 +492,11 @@ async fn main() {
             Some((format!("halo {build}"), name))
         })
         .collect();
+    if let Some(requests) = callgrind {
+        let token = bearer(&issuer.token("dave@acme.test", &["eng"]));
+        count_instructions(&snap, &sink.url, no_jwt, &modules, &token, requests).await;
+        return;
+    }
     let gateways: Vec<(String, Gateway)> = modules
         .into_iter()
         .map(|(name, module)| {
@@ -667,10 +667,13 @@ async fn count_instructions(
     snap: &halo_policy::Snapshot,
     upstream: &str,
     no_jwt: bool,
-    builds: &[String],
+    modules: &[(String, std::path::PathBuf)],
     token: &str,
     requests: usize,
 ) {
+    // HALO_BENCH_CALLGRIND_KEEP=<dir>: keep each Envoy's profile of the counted requests
+    // there (`<kib>k-<name>.callgrind`), for callgrind_annotate.
+    let keep = std::env::var_os("HALO_BENCH_CALLGRIND_KEEP").map(std::path::PathBuf::from);
     println!(
         "Envoy 1.40 under callgrind, one worker; instructions Envoy executes per request (user space, all threads), over {requests} sequential requests after 20 warm-up ones"
     );
@@ -688,17 +691,16 @@ async fn count_instructions(
                 )
             });
             let url = format!("http://127.0.0.1:{port}/v1/messages");
-            let n = count(&envoy, &url, None, &b, requests);
+            let save = keep
+                .as_ref()
+                .map(|d| profile_path(d, kib, baseline.label()));
+            let n = count(&envoy, &url, None, &b, requests, save.as_deref());
             bare.get_or_insert(n);
             rows.push((baseline.label().to_string(), n));
         }
-        for build in builds {
-            let module = match build.as_str() {
-                "wasm" => halo_testkit::filter_wasm(),
-                _ => halo_testkit::filter_native_path(),
-            };
+        for (name, module) in modules {
             let mut opts = GatewayOptions {
-                wasm_path: Some(module),
+                wasm_path: Some(module.clone()),
                 callgrind: true,
                 ..GatewayOptions::default()
             };
@@ -707,8 +709,9 @@ async fn count_instructions(
             }
             let gw = Gateway::start(snap.clone(), opts);
             let url = format!("{}/v1/messages", gw.base);
-            let n = count(&gw.envoy, &url, Some(token), &b, requests);
-            rows.push((format!("halo {build}"), n));
+            let save = keep.as_ref().map(|d| profile_path(d, kib, name));
+            let n = count(&gw.envoy, &url, Some(token), &b, requests, save.as_deref());
+            rows.push((name.clone(), n));
         }
         let bare = bare.unwrap_or(1.0);
         for (name, n) in rows {
@@ -721,8 +724,21 @@ async fn count_instructions(
     }
 }
 
-/// Instructions per request over `requests` sequential requests on one connection.
-fn count(envoy: &Envoy, url: &str, auth: Option<&str>, body: &[u8], requests: usize) -> f64 {
+/// Where HALO_BENCH_CALLGRIND_KEEP keeps the profile of `name` at `kib`.
+fn profile_path(dir: &std::path::Path, kib: usize, name: &str) -> std::path::PathBuf {
+    dir.join(format!("{kib}k-{}.callgrind", name.replace([' ', '+'], "")))
+}
+
+/// Instructions per request over `requests` sequential requests on one connection (the
+/// profile copied to `save`).
+fn count(
+    envoy: &Envoy,
+    url: &str,
+    auth: Option<&str>,
+    body: &[u8],
+    requests: usize,
+    save: Option<&std::path::Path>,
+) -> f64 {
     let handle = tokio::runtime::Handle::current();
     tokio::task::block_in_place(|| {
         let client = halo_e2e::client_builder()
@@ -745,7 +761,7 @@ fn count(envoy: &Envoy, url: &str, auth: Option<&str>, body: &[u8], requests: us
         };
         send(20);
         let total = envoy
-            .count_instructions(|| send(requests))
+            .count_instructions(|| send(requests), save)
             .expect("callgrind counted nothing (is valgrind installed?)");
         total as f64 / requests as f64
     })
