@@ -97,8 +97,8 @@ pub fn service_cluster(s: &ServicePlan) -> Value {
     c
 }
 
-/// A target's cluster, Envoy JSON: its endpoint carries the target's metadata, its outlier
-/// detection is the breaker.
+/// A target's cluster, Envoy JSON: its endpoint carries the target's metadata. No outlier
+/// detection: the breakers are the filter's (halo-filter-core's `breaker`).
 pub fn target_cluster(t: &TargetPlan) -> Value {
     let mut c = one_endpoint_cluster(
         &t.name,
@@ -108,12 +108,6 @@ pub fn target_cluster(t: &TargetPlan) -> Value {
         t.tls.as_ref(),
         t.connect_timeout_seconds,
     );
-    c["outlier_detection"] = json!({
-        "consecutive_5xx": t.breaker.consecutive_failures,
-        "base_ejection_time": format!("{}s", t.breaker.open_seconds),
-        // One host per cluster: the default cap (10%) must not keep it in.
-        "max_ejection_percent": 100,
-    });
     let halo: serde_json::Map<String, Value> = t
         .metadata
         .iter()

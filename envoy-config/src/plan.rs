@@ -9,14 +9,16 @@
 //! What the plan decides (docs/ARCHITECTURE.md, "Gateway configuration"):
 //! - the listener: address, buffer limit ([`listener_buffer_limit`]), stream idle timeout,
 //!   access logs ([`access_logs`]), jwt_authn and the JWKS cluster, the halo filter and its
-//!   settings (the kill-list poll's cluster filled in), the kill-list cluster, the
-//!   evidence receiver's cluster (HTTP/2) its OpenTelemetry access logger sends to;
+//!   settings (the kill-list poll's cluster and the breakers' settings filled in), the
+//!   kill-list cluster, the evidence receiver's cluster (HTTP/2) its OpenTelemetry
+//!   access logger sends to;
 //! - the route: the cluster header, retries ([`RETRY_ON`]), per-try timeouts per aggregate;
 //! - one aggregate per (route scope, alias, first pick) listing sub-clusters in failover
 //!   order ([`halo_policy::cluster_names::route_aggregates`]);
 //! - one one-endpoint cluster per target: DNS or static, upstream TLS
-//!   ([`UpstreamTls::for_host`]), connect timeout, the breaker (outlier detection), the
-//!   endpoint metadata the per-attempt stage reads ([`target_metadata`]), its credential;
+//!   ([`UpstreamTls::for_host`]), connect timeout (no outlier detection: the breakers are
+//!   the filter's), the endpoint metadata the per-attempt stage reads
+//!   ([`target_metadata`]), its credential;
 //! - the operator's warnings.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -185,13 +187,16 @@ impl Default for GatewaySettings {
     }
 }
 
-/// The per-target breaker, as Envoy outlier detection.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The per-target breakers' settings: the gateway setting `breaker`, written into the halo
+/// filter's settings (`settings.breaker`), whose breakers (halo-filter-core's `breaker`)
+/// keep a target whose breaker is open from leading a call. Not Envoy's outlier detection:
+/// that never counts a 429, has no single half-open probe, and would divert the probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Breaker {
-    /// Consecutive 5xx (connect failures count) that open it.
+    /// Consecutive failed attempts (a connect error, a reset, a 5xx or a 429) that open it.
     pub consecutive_failures: u32,
-    /// How long it stays open before a request may probe the target again.
+    /// How long it stays open before one call may probe the target again.
     pub open_seconds: u32,
 }
 
@@ -424,7 +429,6 @@ pub struct TargetPlan {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<UpstreamTls>,
     pub connect_timeout_seconds: u32,
-    pub breaker: Breaker,
     /// The endpoint's `filter_metadata.halo` ([`target_metadata`]), sorted by key.
     pub metadata: Vec<(String, String)>,
     /// What this target's attempts get after the per-attempt stage.
@@ -731,6 +735,14 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
         if let (Some(d), Some(m)) = (&default_upstream, filter_settings.as_object_mut()) {
             m.insert("defaultUpstreamCluster".into(), json!(d.cluster));
         }
+        // The breakers are the filter's: the gateway setting is theirs. Written only when
+        // it is not the default (which the filter applies without it), so a filter build
+        // from before the setting still takes the default configuration.
+        if let Some(m) = filter_settings.as_object_mut()
+            && settings.breaker != Breaker::default()
+        {
+            m.insert("breaker".into(), json!(settings.breaker));
+        }
         FilterPlan {
             name: names::FILTER_NAME.into(),
             module: settings.wasm_path.clone(),
@@ -833,7 +845,6 @@ fn plan_target(
         connect_timeout_seconds: target
             .timeout_seconds
             .unwrap_or(settings.default_connect_timeout_seconds),
-        breaker: settings.breaker.clone(),
     })
 }
 
@@ -922,6 +933,49 @@ mod tests {
             toggles: vec![],
             prices: Default::default(),
         }
+    }
+
+    #[test]
+    fn the_breaker_setting_goes_to_the_filter_and_no_target_has_outlier_detection() {
+        let mut snap = snapshot(BTreeMap::from([(
+            "m".to_string(),
+            vec![t("a", "x", 0), t("a", "y", 1)],
+        )]));
+        snap.upstreams.insert(
+            "a".into(),
+            Upstream {
+                url: "http://127.0.0.1:9".into(),
+                kind: UpstreamKind::Anthropic,
+                region: None,
+                project: None,
+                api_version: None,
+                credential: None,
+            },
+        );
+        let filter_settings = |s: &GatewaySettings| {
+            let p = plan(&snap, s).expect("plans");
+            p.listener.filter.expect("the halo filter").settings
+        };
+        // The default is the filter's own: not written (a filter build from before the
+        // setting takes the configuration).
+        assert_eq!(
+            filter_settings(&GatewaySettings::default()).get("breaker"),
+            None
+        );
+        let custom = GatewaySettings {
+            breaker: Breaker {
+                consecutive_failures: 3,
+                open_seconds: 7,
+            },
+            ..GatewaySettings::default()
+        };
+        assert_eq!(
+            filter_settings(&custom)["breaker"],
+            json!({"consecutiveFailures": 3, "openSeconds": 7})
+        );
+        let cluster =
+            crate::bootstrap::target_cluster(&plan(&snap, &custom).expect("plans").targets[0]);
+        assert!(cluster.get("outlier_detection").is_none(), "{cluster}");
     }
 
     #[test]

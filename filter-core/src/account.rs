@@ -13,9 +13,11 @@
 //! Envoy itself supplies what it measures (status, attempts, duration) and what the
 //! serving endpoint's metadata says (upstream, model, target): each fact once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use halo_envoy_config::evidence::Fact;
+use halo_policy::Snapshot;
 use halo_policy::admit::Operation;
 use halo_policy::types::{Price, WireProtocol};
 use halo_providers::usage::{Dialect, Framing, Meter, Usage};
@@ -80,11 +82,22 @@ struct Served {
     price: Option<Price>,
 }
 
+/// `d` in seconds with three decimals, rounded to the millisecond (integer formatting: a
+/// float's costs several times as much, on every call).
+fn seconds_3(d: Duration) -> String {
+    let ms = (d.as_micros() + 500) / 1000;
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
 /// One call's account, from the decision to the end of the stream.
 pub struct Account {
     call: Call,
     started: Duration,
+    /// Read from the serving endpoint when first needed (the first usage to price): an
+    /// answer without usage costs no metadata lookups.
     served: Option<Served>,
+    /// The snapshot in force when the answer began: its price table.
+    prices: Option<Arc<Snapshot>>,
     meter: Option<Meter>,
     /// The first response byte was seen (its time written).
     first_byte: bool,
@@ -97,17 +110,6 @@ pub struct Account {
     counted: bool,
 }
 
-/// Where the served target's price is looked up: the policy's price table.
-pub trait Prices {
-    fn price(&self, upstream: &str, model: &str) -> Option<Price>;
-}
-
-impl Prices for halo_policy::Snapshot {
-    fn price(&self, upstream: &str, model: &str) -> Option<Price> {
-        halo_policy::Snapshot::price(self, upstream, model).copied()
-    }
-}
-
 impl Account {
     /// The decision was made: note the unit and alias, and start the clock.
     pub fn start<H: Host>(host: &mut H, call: Call) -> Account {
@@ -117,6 +119,7 @@ impl Account {
             started: host.now(),
             call,
             served: None,
+            prices: None,
             meter: None,
             first_byte: false,
             written: Usage::default(),
@@ -126,22 +129,19 @@ impl Account {
         }
     }
 
-    /// The answer's headers: which target served (its price), and how to read the body
+    /// The answer's headers (`status`: its `:status`): the price table in force (which target served is read when
+    /// its first usage is priced), and how to read the body
     /// (a success only: an error answer carries no usage). `end_of_stream`: the answer
     /// has no body.
     pub fn on_response_headers<H: Host>(
         &mut self,
         host: &mut H,
-        prices: &impl Prices,
+        prices: Arc<Snapshot>,
+        status: Option<u16>,
         end_of_stream: bool,
     ) {
-        let upstream = host.served_metadata(SERVED_UPSTREAM).unwrap_or_default();
-        let model = host.served_metadata(SERVED_MODEL).unwrap_or_default();
-        let price = prices.price(&upstream, &model);
-        self.served = Some(Served { upstream, price });
-        let success = host
-            .response_header(":status")
-            .is_some_and(|s| s.starts_with('2'));
+        self.prices = Some(prices);
+        let success = status.is_some_and(|s| (200..300).contains(&s));
         if success {
             let framing = host
                 .response_header("content-type")
@@ -217,10 +217,7 @@ impl Account {
         }
         self.first_byte = true;
         let ttft = host.now().saturating_sub(self.started);
-        host.set_fact(
-            Fact::TimeToFirstToken,
-            &format!("{:.3}", ttft.as_secs_f64()),
-        );
+        host.set_fact(Fact::TimeToFirstToken, &seconds_3(ttft));
     }
 
     /// The answer ended normally: its last usage, and whether it is complete.
@@ -234,6 +231,17 @@ impl Account {
         if accounting.complete {
             host.set_fact(Fact::Complete, "true");
         }
+    }
+
+    /// The target that served, read once from its endpoint's metadata.
+    fn served<H: Host>(&mut self, host: &H) -> &Served {
+        let prices = self.prices.as_deref();
+        self.served.get_or_insert_with(|| {
+            let upstream = host.served_metadata(SERVED_UPSTREAM).unwrap_or_default();
+            let model = host.served_metadata(SERVED_MODEL).unwrap_or_default();
+            let price = prices.and_then(|p| p.price(&upstream, &model)).copied();
+            Served { upstream, price }
+        })
     }
 
     /// Write the usage fields that changed since the last write, and the cost.
@@ -266,11 +274,26 @@ impl Account {
             }
         }
         self.written = usage;
-        let price = self.served.as_ref().and_then(|s| s.price.as_ref());
+        let price = self.served(host).price.as_ref();
         let cost = usage.cost_usd(price);
         if let Some(c) = cost.filter(|_| cost != self.cost) {
             host.set_fact(Fact::CostUsd, &c.to_string());
         }
         self.cost = cost;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seconds_3;
+    use std::time::Duration;
+
+    #[test]
+    fn the_time_to_first_byte_is_seconds_with_three_decimals_rounded() {
+        assert_eq!(seconds_3(Duration::from_millis(50)), "0.050");
+        assert_eq!(seconds_3(Duration::from_micros(12_499)), "0.012");
+        assert_eq!(seconds_3(Duration::from_micros(12_500)), "0.013");
+        assert_eq!(seconds_3(Duration::from_micros(61_999_600)), "62.000");
+        assert_eq!(seconds_3(Duration::ZERO), "0.000");
     }
 }

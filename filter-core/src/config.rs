@@ -7,7 +7,8 @@
 //!  "settings": {"identity": {"mode": "jwt", "userClaim": "email", ...},
 //!               "forwardAuth": false, "maxBodyBytes": 33554432,
 //!               "killSwitch": {"cluster": "halo-killswitch", "url": "https://...", ...},
-//!               "routeHeader": "x-halo-route"}}
+//!               "routeHeader": "x-halo-route",
+//!               "breaker": {"consecutiveFailures": 5, "openSeconds": 30}}}
 //! ```
 //!
 //! The per-attempt stage (an upstream filter on the aggregate clusters, see
@@ -15,6 +16,7 @@
 
 use std::net::IpAddr;
 
+use halo_envoy_config::plan::Breaker;
 use halo_policy::Snapshot;
 use serde::Deserialize;
 
@@ -63,6 +65,10 @@ struct RawSettings {
     default_upstream_cluster: Option<String>,
     #[serde(default)]
     test_panic: Option<TestPanic>,
+    /// The target breakers (halo-envoy-config's gateway setting `breaker`, which the plan
+    /// writes here).
+    #[serde(default)]
+    breaker: Breaker,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -170,6 +176,8 @@ pub struct Config {
     /// suite can prove a panic answers 500 and never takes Envoy down. The wasm build
     /// ignores it (a panic there traps the VM, which is Envoy's to handle).
     pub test_panic: Option<TestPanic>,
+    /// The target breakers' threshold and cool-down ([`crate::breaker`]).
+    pub breaker: Breaker,
 }
 
 /// Where `settings.testPanic` makes the native build panic.
@@ -324,6 +332,11 @@ impl Config {
                 "settings.defaultUpstreamCluster: {c:?} is not a cluster name"
             )));
         }
+        if s.breaker.consecutive_failures == 0 || s.breaker.open_seconds == 0 {
+            return Err(ConfigError(
+                "settings.breaker: consecutiveFailures and openSeconds must be at least 1".into(),
+            ));
+        }
         Ok(Config {
             snapshot,
             identity,
@@ -334,6 +347,7 @@ impl Config {
             default_upstream: s.default_upstream_cluster,
             kill_list: raw.kill_list.map(String::into_bytes),
             test_panic: s.test_panic,
+            breaker: s.breaker,
         })
     }
 }

@@ -11,6 +11,7 @@ use halo_envoy_config::evidence::Fact;
 
 use halo_policy::Snapshot;
 
+use crate::breaker::Breakers;
 use crate::config::{Config, IdentitySettings};
 use crate::host::{Host, Level, Next, Telemetry};
 use crate::killstate::Enforced;
@@ -105,6 +106,10 @@ pub struct FakeEnvoy<const PIECEWISE: bool> {
     pub served: Vec<(String, String)>,
     /// The clock [`Host::now`] reads.
     pub clock: Duration,
+    /// Envoy's count of the stream's upstream attempts (`None`: not known).
+    pub attempts: Option<u32>,
+    /// The worker's breakers: give each stream of a test a clone of one.
+    pub breakers: std::rc::Rc<RefCell<Breakers>>,
 }
 
 impl<const P: bool> FakeEnvoy<P> {
@@ -191,6 +196,14 @@ impl<const P: bool> Host for FakeEnvoy<P> {
 
     fn response_code_details(&self) -> Option<String> {
         self.response_code_details.clone()
+    }
+
+    fn attempt_count(&self) -> Option<u32> {
+        self.attempts
+    }
+
+    fn with_breakers<R>(&self, f: impl FnOnce(&mut Breakers) -> R) -> R {
+        f(&mut self.breakers.borrow_mut())
     }
 
     fn set_attempt_note(&mut self, value: &[u8]) {

@@ -1311,3 +1311,215 @@ fn with_a_default_upstream_an_unrouted_path_goes_there_after_identity() {
     default_upstream::<true>();
     default_upstream::<false>();
 }
+
+// The target breakers (crate::breaker) as the request flow uses them: which aggregate a
+// call leads with, from the outcomes of earlier calls' attempts.
+
+/// A policy whose `fo` routes to a (tier 0) then b (tier 1), with `breaker` settings.
+fn failover_policy(breaker: Value) -> TestPolicy {
+    let mut s = snapshot(true);
+    s["models"]["fo"] = json!([
+        {"upstream": "a", "model": "m-a"},
+        {"upstream": "b", "model": "m-b", "priority": 1},
+    ]);
+    let doc = json!({"snapshot": s, "settings": {"breaker": breaker}});
+    let cfg = Config::from_bytes(doc.to_string().as_bytes()).expect("config");
+    TestPolicy::new(cfg, NOW)
+}
+
+/// One call to `model` at `secs` on the worker's `breakers`, answered after `attempts`
+/// attempts with `status` (`details` as Envoy says). Returns the aggregate it led with
+/// (`None` when the filter answered before any attempt) and the run.
+fn call_at(
+    p: &TestPolicy,
+    breakers: &std::rc::Rc<std::cell::RefCell<crate::breaker::Breakers>>,
+    model: &str,
+    secs: u64,
+    attempts: u32,
+    status: u32,
+    details: &str,
+) -> (Option<String>, Run<true>) {
+    let body = messages(model, 10);
+    let mut e = post::<true>(Some("u@acme.test"), &body, &[]);
+    e.breakers = breakers.clone();
+    e.clock = std::time::Duration::from_secs(1_000 + secs);
+    e.attempts = Some(attempts);
+    let r = fake::request_answered(p, e, &[&body], status, details);
+    let led = r.envoy.header("x-halo-route").map(str::to_string);
+    (led, r)
+}
+
+#[test]
+fn five_failures_in_a_row_keep_a_target_from_leading_until_one_probe_after_the_cool_down() {
+    let p = failover_policy(json!({}));
+    let b = std::rc::Rc::default();
+    // a fails (b answers after it) four times: a still leads.
+    for _ in 0..4 {
+        let (led, _) = call_at(&p, &b, "fo", 0, 2, 200, "via_upstream");
+        assert_eq!(led.as_deref(), Some("fo-0"));
+    }
+    // The fifth failure in a row opens a's breaker: calls lead with b, whose aggregate
+    // leaves a out (an earlier tier).
+    call_at(&p, &b, "fo", 1, 2, 200, "via_upstream");
+    for secs in [1, 10, 30] {
+        let (led, r) = call_at(&p, &b, "fo", secs, 1, 200, "via_upstream");
+        assert_eq!(led.as_deref(), Some("fo-1"), "at {secs} s");
+        assert!(r.envoy.sent.is_none());
+    }
+    // 30 s after it opened: one call probes a, the others still skip it.
+    let (probe, _) = call_at(&p, &b, "fo", 31, 1, 200, "via_upstream");
+    assert_eq!(probe.as_deref(), Some("fo-0"));
+    // (That call's answer was a's success: closed again, a leads every call.)
+    for _ in 0..3 {
+        assert_eq!(
+            call_at(&p, &b, "fo", 31, 1, 200, "via_upstream")
+                .0
+                .as_deref(),
+            Some("fo-0")
+        );
+    }
+}
+
+#[test]
+fn a_failed_probe_opens_the_breaker_for_another_cool_down_and_a_429_is_a_failure() {
+    let p = failover_policy(json!({"consecutiveFailures": 2, "openSeconds": 5}));
+    let b = std::rc::Rc::default();
+    // Two failures of a (a 429 or a 5xx: Envoy moved on to b), each answered by b: open.
+    for _ in 0..2 {
+        call_at(&p, &b, "fo", 0, 2, 200, "via_upstream");
+    }
+    assert_eq!(
+        call_at(&p, &b, "fo", 1, 1, 200, "via_upstream")
+            .0
+            .as_deref(),
+        Some("fo-1")
+    );
+    // The probe (a, then b after it fails with a 429): open again from then.
+    let (probe, _) = call_at(&p, &b, "fo", 5, 2, 200, "via_upstream");
+    assert_eq!(probe.as_deref(), Some("fo-0"));
+    for secs in [5, 9] {
+        assert_eq!(
+            call_at(&p, &b, "fo", secs, 1, 200, "via_upstream")
+                .0
+                .as_deref(),
+            Some("fo-1"),
+            "at {secs} s"
+        );
+    }
+    // A 429 as the last answer counts as well: the probe's one attempt answered 429
+    // (as when no attempt is left), then a is open again.
+    let (probe, r) = call_at(&p, &b, "fo", 10, 1, 429, "via_upstream");
+    assert_eq!(probe.as_deref(), Some("fo-0"));
+    assert_eq!(r.envoy.sent.map(|s| s.status), Some(503));
+    assert_eq!(
+        call_at(&p, &b, "fo", 11, 1, 200, "via_upstream")
+            .0
+            .as_deref(),
+        Some("fo-1")
+    );
+}
+
+#[test]
+fn a_client_error_is_a_success_and_the_gateways_own_refusal_is_neither() {
+    let p = failover_policy(json!({"consecutiveFailures": 2, "openSeconds": 5}));
+    let b = std::rc::Rc::default();
+    // a fails once, then answers 400 itself (the caller's mistake): the count starts over.
+    call_at(&p, &b, "fo", 0, 2, 200, "via_upstream");
+    call_at(&p, &b, "fo", 0, 1, 400, "via_upstream");
+    call_at(&p, &b, "fo", 0, 2, 200, "via_upstream");
+    assert_eq!(
+        call_at(&p, &b, "fo", 0, 1, 200, "via_upstream")
+            .0
+            .as_deref(),
+        Some("fo-0"),
+        "one failure since the 400: closed"
+    );
+    // a fails, then the per-attempt chain refuses the call on a itself (a module's local
+    // reply): a was never asked, the count stays at one.
+    call_at(&p, &b, "fo", 0, 2, 200, "via_upstream");
+    call_at(&p, &b, "fo", 0, 1, 502, "dynamic_module");
+    assert_eq!(
+        call_at(&p, &b, "fo", 0, 1, 200, "via_upstream")
+            .0
+            .as_deref(),
+        Some("fo-0")
+    );
+    // A connect failure on a is a failure like a 5xx: with the one before, open.
+    call_at(&p, &b, "fo", 0, 2, 200, "via_upstream");
+    call_at(
+        &p,
+        &b,
+        "fo",
+        0,
+        1,
+        503,
+        "upstream_reset_before_response_started{remote_connection_failure}",
+    );
+    assert_eq!(
+        call_at(&p, &b, "fo", 0, 1, 200, "via_upstream")
+            .0
+            .as_deref(),
+        Some("fo-1")
+    );
+}
+
+#[test]
+fn every_breaker_open_is_503_no_available_target_before_any_attempt() {
+    let p = failover_policy(json!({"consecutiveFailures": 1, "openSeconds": 5}));
+    let b = std::rc::Rc::default();
+    // a and b both fail on one call (503 from the last, b): both open.
+    let (_, r) = call_at(&p, &b, "fo", 0, 2, 503, "via_upstream");
+    assert_eq!(r.envoy.sent.map(|s| s.status), Some(503));
+    let (led, r) = call_at(&p, &b, "fo", 1, 0, 200, "via_upstream");
+    assert_eq!(led, None, "no aggregate named: nothing is sent");
+    let sent = r.envoy.sent.expect("answered by the filter");
+    assert_eq!(sent.status, 503);
+    assert_eq!(sent.error_type(), "no_available_target");
+    assert_eq!(r.answers.last(), Some(&Next::Stop));
+    // After the cool-down, a (first in order) is the probe.
+    assert_eq!(
+        call_at(&p, &b, "fo", 5, 1, 200, "via_upstream")
+            .0
+            .as_deref(),
+        Some("fo-0")
+    );
+}
+
+#[test]
+fn a_route_with_one_target_has_no_breaker() {
+    let p = failover_policy(json!({"consecutiveFailures": 1, "openSeconds": 5}));
+    let b = std::rc::Rc::default();
+    for _ in 0..3 {
+        let (led, r) = call_at(&p, &b, "sonnet", 0, 1, 503, "via_upstream");
+        assert!(
+            led.is_some_and(|l| l.ends_with("sonnet-0")),
+            "led with its one target"
+        );
+        assert_eq!(r.envoy.sent.map(|s| s.status), Some(503));
+    }
+    assert!(b.borrow().is_empty(), "nothing recorded");
+}
+
+#[test]
+fn a_call_whose_answer_never_came_counts_the_attempts_before_its_last() {
+    let p = failover_policy(json!({"consecutiveFailures": 2, "openSeconds": 5}));
+    let b: std::rc::Rc<std::cell::RefCell<crate::breaker::Breakers>> = std::rc::Rc::default();
+    for _ in 0..2 {
+        // The client went away while b's attempt ran (a had failed): the stream ends
+        // without an answer.
+        let body = messages("fo", 10);
+        let mut e = post::<true>(Some("u@acme.test"), &body, &[]);
+        e.breakers = b.clone();
+        e.attempts = Some(2);
+        let mut flow = crate::request::RequestFlow::new();
+        flow.on_request_headers(&mut e, &p, false);
+        e.body = body.clone();
+        e.piece = body.len();
+        flow.on_request_body(&mut e, &p, true);
+        flow.on_stream_complete(&mut e);
+    }
+    let a = halo_policy::cluster_names::target_cluster(&p.cfg.snapshot.models["fo"][0]);
+    let bt = halo_policy::cluster_names::target_cluster(&p.cfg.snapshot.models["fo"][1]);
+    assert!(b.borrow().is_open(&a), "a failed twice");
+    assert!(!b.borrow().is_open(&bt), "b's outcome is unknown");
+}

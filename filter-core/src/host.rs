@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use halo_envoy_config::evidence::Fact;
 
+use crate::breaker::Breakers;
 use crate::config::IdentitySettings;
 use crate::metrics::Counter;
 use crate::pipeline::{PrefixEdit, VerifiedClaims};
@@ -81,6 +82,15 @@ pub trait Host: Telemetry {
     /// Envoy's response code details (`via_upstream`, `upstream_reset_before_response_started{...}`,
     /// a filter's local reply's), once there is an answer.
     fn response_code_details(&self) -> Option<String>;
+
+    /// How many attempts the router made on this stream's upstream so far (Envoy's
+    /// `upstream.request_attempt_count`), once there is an answer.
+    fn attempt_count(&self) -> Option<u32>;
+    /// Run `f` on the target breakers ([`crate::breaker`]), shared by every stream of the
+    /// VM in the wasm build (one VM per worker thread) and of the process in the native
+    /// build. The flow asks about one target at a time, so a build that locks holds its
+    /// lock only that long.
+    fn with_breakers<R>(&self, f: impl FnOnce(&mut Breakers) -> R) -> R;
 
     /// Leave the request filter's note for every attempt of this stream.
     fn set_attempt_note(&mut self, value: &[u8]);

@@ -11,6 +11,8 @@
 //! - [`pipeline`]: identity, body bound, admit, decision, route pick, model rewrite.
 //! - [`hygiene`]: which client headers never reach an upstream; the x-halo-* stamps.
 //! - [`killstate`]: the kill list in force (poll results, lists shared by other workers).
+//! - [`breaker`]: the per-target breakers: which target may lead a call, from the
+//!   outcomes of earlier calls' attempts.
 //! - [`account`]: the response side of a decided call: usage, cost and time to first
 //!   byte, written where Envoy's OpenTelemetry access logger reads them.
 //! - [`metrics`]: the counters, named once for both builds.
@@ -21,6 +23,7 @@
 
 pub mod account;
 pub mod attempt;
+pub mod breaker;
 pub mod cidr;
 pub mod claims;
 pub mod config;

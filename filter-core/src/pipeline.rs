@@ -21,10 +21,11 @@ use halo_policy::body_scan::{ScanError, TopLevel};
 use halo_policy::cluster_names::{self, EndpointFacts};
 use halo_policy::decide::{self, Caller, Decision, Subject};
 use halo_policy::route;
-use halo_policy::types::WireProtocol;
+use halo_policy::types::{Target, WireProtocol};
 
 use crate::account;
 use crate::attempt::Note;
+use crate::breaker::Failover;
 use crate::config::{Config, IdentityMode};
 use crate::hygiene;
 
@@ -364,17 +365,23 @@ pub struct Forward {
     pub decision: Option<Decision>,
     /// The response side's account of a decided model call ([`crate::account`]).
     pub account: Option<account::Call>,
+    /// What the breakers need to record the call's attempts; only for a call more than
+    /// one target can serve (the spec's breakers exist only then).
+    pub failover: Option<Failover>,
 }
 
 /// Body-time steps on the kill-list-applied snapshot `snap`. `scanned` is the body's scan
 /// when the glue ran it while the body arrived ([`halo_policy::body_scan::Incremental`]);
-/// `None` scans here.
+/// `None` scans here. `admit` is the target breakers' word on whether a call may lead
+/// with a target ([`crate::breaker`]), asked in failover order only when more than one
+/// target can serve the call.
 pub fn on_body(
     cfg: &Config,
     snap: &Snapshot,
     pending: &Pending,
     body: &[u8],
     scanned: Option<Result<TopLevel, ScanError>>,
+    admit: &mut dyn FnMut(&Target) -> bool,
 ) -> Result<Forward, Reply> {
     let admission = match scanned {
         Some(scanned) => admit::admit_scanned(snap, &pending.method, &pending.path, body, scanned),
@@ -400,14 +407,29 @@ pub fn on_body(
     // Which targets can serve this call (wire, count_tokens): the first pick is the first
     // of them, and the aggregate walks only them.
     let class = cluster_names::CallClass::of(call.wire, call.operation);
-    let Some(first) = order.iter().find(|t| class.serves(snap, t.target)) else {
-        let mut r = Reply::error(
-            502,
-            "bad_upstream",
-            "no target of this model can serve this API",
-        );
-        r.reason = "route";
-        return Err(r);
+    let usable: Vec<bool> = decision
+        .targets
+        .iter()
+        .map(|t| class.serves(snap, t))
+        .collect();
+    let mut candidates = order.iter().filter(|t| usable[t.index]);
+    let several = usable.iter().filter(|u| **u).count() > 1;
+    let first = if several {
+        // A target whose breaker is open leads no call; when every breaker is open, no
+        // target is available.
+        candidates.find(|t| admit(t.target)).ok_or_else(|| {
+            Reply::no_available_target(call.wire, crate::request::ALL_FAILED_MESSAGE)
+        })?
+    } else {
+        candidates.next().ok_or_else(|| {
+            let mut r = Reply::error(
+                502,
+                "bad_upstream",
+                "no target of this model can serve this API",
+            );
+            r.reason = "route";
+            r
+        })?
     };
     let target = first.target;
     let first_pick = snap.upstreams.get(&target.upstream).map(|u| EndpointFacts {
@@ -464,6 +486,13 @@ pub fn on_body(
         variant: decision.experiment.as_ref().map(|a| a.variant.clone()),
         stamps,
         account: account_of(snap, pending, &call, &decision),
+        failover: several.then(|| Failover {
+            alias: call.alias.clone(),
+            targets: decision.targets.clone(),
+            usable,
+            lead: first.index,
+            settings: cfg.breaker.clone(),
+        }),
         decision: Some(decision),
     })
 }
@@ -509,6 +538,7 @@ fn to_default(cfg: &Config, cluster: &str) -> Forward {
         variant: None,
         decision: None,
         account: None,
+        failover: None,
     }
 }
 
@@ -555,6 +585,7 @@ fn list_models(cfg: &Config, snap: &Snapshot) -> Result<Forward, Reply> {
         variant: None,
         decision: None,
         account: None,
+        failover: None,
     })
 }
 

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use halo_policy::Snapshot;
 use halo_policy::admit;
 use halo_policy::body_scan::Incremental;
+use halo_policy::cluster_names;
 use halo_policy::decide::UNKNOWN_RING;
-use halo_policy::types::WireProtocol;
+use halo_policy::types::{Target, WireProtocol};
 
 use crate::account::Account;
 use crate::attempt::{self};
+use crate::breaker::Failover;
 use crate::cidr;
 use crate::config::{Config, IdentityMode};
 use crate::host::{Host, Level, Next};
@@ -65,6 +67,8 @@ pub struct RequestFlow {
     counted: bool,
     /// The response side's account of a decided model call.
     account: Option<Account>,
+    /// A call several targets can serve: its attempts are recorded in the breakers.
+    failover: Option<Failover>,
 }
 
 /// The answer when the filter has no configuration (its configuration was refused).
@@ -214,7 +218,16 @@ impl RequestFlow {
         }
         let snap = policy.snapshot();
         let cfg = policy.config();
-        let Ok(forward) = pipeline::on_body(cfg, &snap, pending, &self.body, Some(Ok(found)))
+        // A tentative run: it takes no breaker's probe (the end does, and corrects the
+        // edit if its lead differs).
+        let now = host.now();
+        let mut admit = |t: &Target| {
+            host.with_breakers(|b| {
+                b.is_empty() || b.would_admit(&cfg.breaker, &cluster_names::target_cluster(t), now)
+            })
+        };
+        let Ok(forward) =
+            pipeline::on_body(cfg, &snap, pending, &self.body, Some(Ok(found)), &mut admit)
         else {
             return;
         };
@@ -235,7 +248,13 @@ impl RequestFlow {
         let scanned = self.scan.take().map(|scan| scan.finish(&body));
         let cfg = policy.config();
         let snap = policy.snapshot();
-        match pipeline::on_body(cfg, &snap, &pending, &body, scanned) {
+        let now = host.now();
+        let mut admit = |t: &Target| {
+            host.with_breakers(|b| {
+                b.is_empty() || b.admit(&cfg.breaker, &cluster_names::target_cluster(t), now)
+            })
+        };
+        match pipeline::on_body(cfg, &snap, &pending, &body, scanned, &mut admit) {
             Err(reply) => self.reply(host, reply),
             Ok(forward) => {
                 self.apply(host, cfg, forward, &body, in_body);
@@ -309,6 +328,7 @@ impl RequestFlow {
         if let Some(call) = forward.account.take() {
             self.account = Some(Account::start(host, call));
         }
+        self.failover = forward.failover.take();
         self.ring = Some(forward.ring);
         self.variant = forward.variant;
     }
@@ -338,15 +358,25 @@ impl RequestFlow {
             });
             host.set_response_header(KEY_MISSING_HEADER, None);
         }
-        let Some(wire) = self.routed.take() else {
-            return self.account_headers(host, policy, end_of_stream);
-        };
         let status = host
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok());
-        let details = host.response_code_details();
-        if !every_target_failed(status, details.as_deref()) {
-            return self.account_headers(host, policy, end_of_stream);
+        let Some(wire) = self.routed.take() else {
+            return self.account_headers(host, policy, status, end_of_stream);
+        };
+        // Envoy's details only when they decide something: a status that moves a call on,
+        // or the outcome of a call the breakers watch.
+        let details = (moves_on(status) || self.failover.is_some())
+            .then(|| host.response_code_details())
+            .flatten();
+        let outcome = attempt_outcome(status, details.as_deref());
+        if let Some(failover) = self.failover.take() {
+            let attempts = host.attempt_count();
+            let now = host.now();
+            host.with_breakers(|b| failover.record(b, attempts, outcome, now));
+        }
+        if outcome != Some(true) {
+            return self.account_headers(host, policy, status, end_of_stream);
         }
         host.log(
             Level::Info,
@@ -366,10 +396,11 @@ impl RequestFlow {
         &mut self,
         host: &mut H,
         policy: &impl Policy,
+        status: Option<u16>,
         end_of_stream: bool,
     ) -> Next {
         if let Some(account) = self.account.as_mut() {
-            account.on_response_headers(host, &*policy.snapshot(), end_of_stream);
+            account.on_response_headers(host, policy.snapshot(), status, end_of_stream);
         }
         Next::Continue
     }
@@ -385,6 +416,13 @@ impl RequestFlow {
     /// The stream ended: count it by ring, variant and status, and a decided call's
     /// tokens and cost.
     pub fn on_stream_complete<H: Host>(&mut self, host: &mut H) {
+        if let Some(failover) = self.failover.take() {
+            // No answer came (the client went away, or the stream was reset): every
+            // attempt before the last failed; the last one's outcome is unknown.
+            let attempts = host.attempt_count();
+            let now = host.now();
+            host.with_breakers(|b| failover.record(b, attempts, None, now));
+        }
         let status = host.response_code().unwrap_or(0);
         self.count_request(host, status);
         if let Some(account) = self.account.as_mut() {
@@ -415,13 +453,25 @@ impl RequestFlow {
 /// the credential chain's `upstream_auth_error`) is a filter's local reply, with other
 /// details, and passes as it is.
 pub fn every_target_failed(status: Option<u16>, details: Option<&str>) -> bool {
-    let moves_on = status.is_some_and(|s| {
-        s >= 500 || halo_envoy_config::plan::RETRIABLE_STATUS_CODES.contains(&u32::from(s))
-    });
+    attempt_outcome(status, details) == Some(true)
+}
+
+/// How the attempt that produced an answer with `status` and `details` ended for the
+/// breakers ([`crate::breaker`]): `Some(true)` failed (it moved the call on), `Some(false)`
+/// the upstream answered, `None` when the answer is not an upstream's (a filter's local
+/// reply: the target was never asked).
+pub fn attempt_outcome(status: Option<u16>, details: Option<&str>) -> Option<bool> {
     let from_upstream = details.is_some_and(|d| {
         d == "via_upstream" || d.starts_with("upstream_") || d == "no_healthy_upstream"
     });
-    moves_on && from_upstream
+    from_upstream.then(|| moves_on(status))
+}
+
+/// Whether `status` moves a call to its next target (the route's `retry_on`: 5xx, 429).
+fn moves_on(status: Option<u16>) -> bool {
+    status.is_some_and(|s| {
+        s >= 500 || halo_envoy_config::plan::RETRIABLE_STATUS_CODES.contains(&u32::from(s))
+    })
 }
 
 /// The least announced body length for which [`RequestFlow::edit_early`] edits before

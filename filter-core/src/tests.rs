@@ -241,6 +241,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         &pending,
         br#"{"model":"sonnet","x":1}"#,
         None,
+        &mut |_| true,
     )
     .expect("routed");
     assert_eq!(f.cluster, "sonnet-0");
@@ -268,8 +269,15 @@ fn pipeline_body_routes_rewrites_and_stamps() {
     for n in [1, 9, 12, sent.len()] {
         scan.feed(&sent[..n]).expect("a valid prefix");
     }
-    let scanned = pipeline::on_body(&cfg, &cfg.snapshot, &pending, sent, Some(scan.finish(sent)))
-        .expect("routed");
+    let scanned = pipeline::on_body(
+        &cfg,
+        &cfg.snapshot,
+        &pending,
+        sent,
+        Some(scan.finish(sent)),
+        &mut |_| true,
+    )
+    .expect("routed");
     assert_eq!(scanned, f);
     // A body whose scan failed on the way is admit's 400, naming the problem.
     let bad = br#"{"model":"sonnet",}"#;
@@ -279,18 +287,33 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         early.is_err(),
         "refused as soon as the comma is followed by a brace"
     );
-    let r = pipeline::on_body(&cfg, &cfg.snapshot, &pending, bad, Some(scan.finish(bad)))
-        .expect_err("invalid JSON");
+    let r = pipeline::on_body(
+        &cfg,
+        &cfg.snapshot,
+        &pending,
+        bad,
+        Some(scan.finish(bad)),
+        &mut |_| true,
+    )
+    .expect_err("invalid JSON");
     assert_eq!(r.status, 400);
     assert!(String::from_utf8_lossy(&r.body).contains("not valid JSON"));
 
-    let r = pipeline::on_body(&cfg, &cfg.snapshot, &pending, br#"{"model":"gpt-4"}"#, None)
-        .expect_err("unknown");
+    let r = pipeline::on_body(
+        &cfg,
+        &cfg.snapshot,
+        &pending,
+        br#"{"model":"gpt-4"}"#,
+        None,
+        &mut |_| true,
+    )
+    .expect_err("unknown");
     assert_eq!(r.status, 400);
 
     let mut gem = pending.clone();
     gem.path = "/v1beta/models/gem:generateContent?key=tok&alt=sse".into();
-    let f = pipeline::on_body(&cfg, &cfg.snapshot, &gem, b"{}", None).expect("gemini");
+    let f =
+        pipeline::on_body(&cfg, &cfg.snapshot, &gem, b"{}", None, &mut |_| true).expect("gemini");
     assert_eq!(
         f.path.as_deref(),
         Some("/v1beta/models/gemini-2.5-pro:generateContent?alt=sse")
@@ -495,4 +518,25 @@ fn test_panic_is_a_named_hook_or_refused() {
     assert_eq!(c.test_panic, Some(crate::config::TestPanic::RequestBody));
     let err = config(json!({"testPanic": "everywhere"})).expect_err("unknown hook");
     assert!(err.contains("testPanic"), "{err}");
+}
+
+#[test]
+fn breaker_settings_default_to_the_spec_and_are_decoded_strictly() {
+    let c = config(json!({})).expect("defaults");
+    assert_eq!(
+        (c.breaker.consecutive_failures, c.breaker.open_seconds),
+        (5, 30)
+    );
+    let c = config(json!({"breaker": {"openSeconds": 2}})).expect("partial");
+    assert_eq!(
+        (c.breaker.consecutive_failures, c.breaker.open_seconds),
+        (5, 2)
+    );
+    let e = config(json!({"breaker": {"openSecs": 2}})).expect_err("a misspelt key");
+    assert!(
+        e.contains("settings.breaker") && e.contains("openSecs"),
+        "{e}"
+    );
+    let e = config(json!({"breaker": {"consecutiveFailures": 0}})).expect_err("zero");
+    assert!(e.contains("settings.breaker"), "{e}");
 }

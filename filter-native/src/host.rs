@@ -1,11 +1,13 @@
 //! halo-filter-core's [`Host`] over Envoy's dynamic-module ABI ([`crate::ffi::envoy`]).
 //! No decisions and no `unsafe` here: each method is one or two calls into Envoy.
 
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use halo_envoy_config::evidence::Fact;
 use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_filter_core::attempt::ATTEMPT_PROPERTY;
+use halo_filter_core::breaker::Breakers;
 use halo_filter_core::config::IdentitySettings;
 use halo_filter_core::host::{Host, Level, Telemetry};
 use halo_filter_core::jwt::{self, Verified};
@@ -121,6 +123,20 @@ impl Host for NativeHost<'_> {
 
     fn response_code_details(&self) -> Option<String> {
         self.s.response_code_details()
+    }
+
+    fn attempt_count(&self) -> Option<u32> {
+        self.s.attempt_count()
+    }
+
+    /// The process's breakers: one module per Envoy process, its workers' streams share
+    /// them.
+    fn with_breakers<R>(&self, f: impl FnOnce(&mut Breakers) -> R) -> R {
+        static BREAKERS: LazyLock<Mutex<Breakers>> = LazyLock::new(Mutex::default);
+        // A panic while the lock was held (caught by the hook's guard) leaves the state
+        // as it was written: still usable.
+        let mut guard = BREAKERS.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut guard)
     }
 
     fn set_attempt_note(&mut self, value: &[u8]) {

@@ -10,6 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use halo_envoy_config::evidence::Fact;
 use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_filter_core::attempt::ATTEMPT_PROPERTY;
+use halo_filter_core::breaker::Breakers;
 use halo_filter_core::config::{Config, IdentitySettings, Plugin};
 use halo_filter_core::host::{Host, Level, Next, Telemetry};
 use halo_filter_core::killstate::{Enforced, FetchOutcome};
@@ -343,6 +344,21 @@ impl Host for WasmHost<'_> {
 
     fn response_code_details(&self) -> Option<String> {
         Self::property(vec!["response", "code_details"]).and_then(|b| String::from_utf8(b).ok())
+    }
+
+    /// Envoy writes an integer property as 8 little-endian bytes.
+    fn attempt_count(&self) -> Option<u32> {
+        let bytes = Self::property(vec!["upstream", "request_attempt_count"])?;
+        let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        u32::try_from(n).ok()
+    }
+
+    /// The VM's breakers: one VM per worker thread, shared by its streams.
+    fn with_breakers<R>(&self, f: impl FnOnce(&mut Breakers) -> R) -> R {
+        thread_local! {
+            static BREAKERS: RefCell<Breakers> = RefCell::new(Breakers::new());
+        }
+        BREAKERS.with(|b| f(&mut b.borrow_mut()))
     }
 
     fn set_attempt_note(&mut self, value: &[u8]) {

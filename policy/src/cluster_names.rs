@@ -109,26 +109,43 @@ fn failover_orders_where(
     alias: &str,
     keep: &[bool],
 ) -> Vec<(usize, Vec<String>)> {
-    let kept = |i: usize| keep.get(i).copied().unwrap_or(false);
-    let policy_order = route_order(route, None, alias);
     (0..route.len())
-        .filter(|&i| kept(i))
+        .filter(|&i| keep.get(i).copied().unwrap_or(false))
         .map(|i| {
-            let tier = route[i].priority;
-            let mut names = vec![target_cluster(&route[i])];
-            for o in &policy_order {
-                let name = target_cluster(o.target);
-                if o.index != i
-                    && kept(o.index)
-                    && o.target.priority >= tier
-                    && !names.contains(&name)
-                {
-                    names.push(name);
-                }
-            }
+            let names = failover_indices(route, alias, keep, i)
+                .into_iter()
+                .map(|j| target_cluster(&route[j]))
+                .collect();
             (i, names)
         })
         .collect()
+}
+
+/// The failover order of the aggregate led by `first_pick` over the targets whose `keep`
+/// is true, as indices into `route`: the order Envoy walks, attempt k on the k-th (the
+/// filter's breakers read which target each attempt went to from it). A target listed
+/// twice appears once, at its first place.
+pub fn failover_indices(
+    route: &[Target],
+    alias: &str,
+    keep: &[bool],
+    first_pick: usize,
+) -> Vec<usize> {
+    let Some(first) = route.get(first_pick) else {
+        return Vec::new();
+    };
+    let kept = |i: usize| keep.get(i).copied().unwrap_or(false);
+    let mut order = vec![first_pick];
+    for o in route_order(route, None, alias) {
+        if o.index != first_pick
+            && kept(o.index)
+            && o.target.priority >= first.priority
+            && !order.iter().any(|&j| same_cluster(&route[j], o.target))
+        {
+            order.push(o.index);
+        }
+    }
+    order
 }
 
 /// What decides which targets can serve a call: the client's wire, and whether the call
@@ -239,6 +256,11 @@ pub fn call_aggregate(
     } else {
         format!("{name}~{}", subset_tag(&keep))
     }
+}
+
+/// Whether `a` and `b` have one sub-cluster ([`target_cluster`] hashes exactly these).
+fn same_cluster(a: &Target, b: &Target) -> bool {
+    a.upstream == b.upstream && a.model == b.model && a.timeout_seconds == b.timeout_seconds
 }
 
 /// The one-endpoint sub-cluster of `target`.

@@ -262,6 +262,11 @@ impl Provider {
     }
 
     /// Let a gated SSE stream send its last event.
+    /// Answer every request from now on with `behaviour`.
+    pub fn set_behaviour(&self, behaviour: Behaviour) {
+        *self.state.behaviour.lock().expect("behaviour lock") = behaviour;
+    }
+
     pub fn release_stream(&self) {
         self.state.release.notify_one();
     }
@@ -629,6 +634,8 @@ pub struct GatewayOptions {
     pub next_hop: Option<String>,
     /// The gateway settings' `defaultUpstream`.
     pub default_upstream: Option<String>,
+    /// The target breakers' settings (the gateway setting `breaker`; default 5 / 30 s).
+    pub breaker: halo_envoy_config::plan::Breaker,
 }
 
 impl Default for GatewayOptions {
@@ -646,6 +653,7 @@ impl Default for GatewayOptions {
             evidence: None,
             next_hop: None,
             default_upstream: None,
+            breaker: halo_envoy_config::plan::Breaker::default(),
         }
     }
 }
@@ -687,6 +695,7 @@ impl Gateway {
                     || halo_envoy_config::tls::DEFAULT_UPSTREAM_CA_FILE.to_string(),
                     |f| f.display().to_string(),
                 ),
+                breaker: opts.breaker,
                 ..halo_envoy_config::plan::GatewaySettings::default()
             }
             .with_filter_settings(opts.settings)

@@ -3,7 +3,9 @@
 //! Every alias here routes tier 0 to a failing provider and tier 1 to a serving one, each
 //! target with its own model id. Envoy retries (aggregate cluster + retry policy) and the
 //! filter's per-attempt stage, an upstream HTTP filter on the aggregate, rewrites the
-//! model for each attempt from the chosen endpoint's metadata. One Envoy serves every case.
+//! model for each attempt from the chosen endpoint's metadata. The filter's breakers
+//! (halo-filter-core's `breaker`) keep a target that failed 5 times in a row from leading
+//! a call, and let one probe through after the cool-down (2 s here, 30 s by default).
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
 // #[test] functions, and this in the helpers beside them.
@@ -25,8 +27,13 @@ struct Fixture {
     limited: Provider,
     cut: Provider,
     backup: Provider,
+    /// Answers 503 until told otherwise (the breaker's test).
+    flaky: Provider,
     _issuer: Issuer,
 }
+
+/// The breakers' cool-down in these tests.
+const COOL_DOWN_SECONDS: u32 = 2;
 
 async fn fixture() -> Fixture {
     let issuer = Issuer::start().await;
@@ -34,6 +41,7 @@ async fn fixture() -> Fixture {
     let limited = Provider::behaving("limited", Behaviour::Status(429)).await;
     let cut = Provider::behaving("cut", Behaviour::HeadersThenReset).await;
     let backup = Provider::start("backup").await;
+    let flaky = Provider::behaving("flaky", Behaviour::Status(503)).await;
     // Nothing listens here: connections are refused.
     let refused = format!("http://127.0.0.1:{}", halo_testkit::free_port());
     let tiers = |first: &str, first_model: &str, second_model: &str| {
@@ -54,6 +62,7 @@ async fn fixture() -> Fixture {
             "refused": {"url": refused, "kind": "anthropic"},
             "cut": {"url": cut.url, "kind": "anthropic"},
             "backup": {"url": backup.url, "kind": "anthropic"},
+            "flaky": {"url": flaky.url, "kind": "anthropic"},
         },
         "models": {
             "on-503": tiers("unavailable", "model-503", "backup-after-503"),
@@ -66,13 +75,24 @@ async fn fixture() -> Fixture {
                 {"upstream": "limited", "model": "all-fail-429", "priority": 1},
             ],
             "unreachable": [{"upstream": "refused", "model": "unreachable-model"}],
+            "breaker-503": tiers("flaky", "flaky-model", "backup-after-flaky"),
+            "breaker-429": tiers("limited", "limited-model", "backup-after-limited"),
         },
         "rings": [{"name": "general", "order": 0, "membership": {"default": true}}],
         "experiments": [],
         "toggles": [],
     });
     let snapshot = Snapshot::from_bytes(doc.to_string().as_bytes()).expect("policy decodes");
-    let gw = Gateway::start(snapshot, GatewayOptions::default());
+    let gw = Gateway::start(
+        snapshot,
+        GatewayOptions {
+            breaker: halo_envoy_config::plan::Breaker {
+                consecutive_failures: 5,
+                open_seconds: COOL_DOWN_SECONDS,
+            },
+            ..GatewayOptions::default()
+        },
+    );
     let token = bearer(&issuer.token("dev@acme.test", &[]));
     Fixture {
         gw,
@@ -81,6 +101,7 @@ async fn fixture() -> Fixture {
         limited,
         cut,
         backup,
+        flaky,
         _issuer: issuer,
     }
 }
@@ -279,4 +300,88 @@ async fn every_target_failing_is_answered_503_no_available_target() {
     }
     let series = f.gw.filter_series();
     assert_eq!(series.get(key), Some(&3), "{series:?}");
+}
+
+/// The breaker as the spec says (halos-low-level-design.md, step 10): with more than one
+/// target, 5 consecutive failures (5xx, 429, connect errors) open a target's breaker, and
+/// a call then skips it from its first attempt; after the cool-down exactly one call
+/// probes it; a failed probe opens it again, a successful one closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_failures_open_a_targets_breaker_and_one_probe_goes_after_the_cool_down() {
+    let f = fixture().await;
+    let auth = [("authorization", f.token.as_str())];
+    let call = |alias: &'static str| {
+        let gw = &f.gw;
+        async move {
+            let a = gw.post("/v1/messages", &auth, &msg(alias, false)).await;
+            assert_eq!(a.status, 200, "{alias}: {}", a.text());
+            a.json()["model"].as_str().unwrap_or("").to_string()
+        }
+    };
+    // Five calls: flaky answers 503 (and limited 429) to each first attempt, backup
+    // answers after it.
+    for _ in 0..5 {
+        assert_eq!(call("breaker-503").await, "backup-after-flaky");
+        assert_eq!(call("breaker-429").await, "backup-after-limited");
+    }
+    assert_eq!(f.flaky.count(), 5);
+    let limited = models_seen(&f.limited);
+    assert_eq!(limited.iter().filter(|m| *m == "limited-model").count(), 5);
+    // Open: the next calls skip the failing target from their first attempt (well within
+    // the cool-down: each call takes milliseconds).
+    for _ in 0..3 {
+        assert_eq!(call("breaker-503").await, "backup-after-flaky");
+        assert_eq!(call("breaker-429").await, "backup-after-limited");
+    }
+    assert_eq!(
+        f.flaky.count(),
+        5,
+        "flaky skipped while its breaker is open"
+    );
+    assert_eq!(
+        models_seen(&f.limited)
+            .iter()
+            .filter(|m| *m == "limited-model")
+            .count(),
+        5,
+        "a 429 counts as a failure"
+    );
+
+    // After the cool-down one call probes flaky (a bounded poll: a call every 100 ms).
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(u64::from(COOL_DOWN_SECONDS) + 10);
+    while f.flaky.count() == 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no probe went to flaky within its cool-down and 10 s"
+        );
+        assert_eq!(call("breaker-503").await, "backup-after-flaky");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(f.flaky.count(), 6, "exactly one probe");
+    // The probe failed: open again, so calls at once (several together) all skip it.
+    let burst: Vec<String> =
+        futures_util::future::join_all((0..4).map(|_| call("breaker-503"))).await;
+    assert!(burst.iter().all(|m| m == "backup-after-flaky"), "{burst:?}");
+    assert_eq!(f.flaky.count(), 6, "one probe per cool-down");
+
+    // flaky recovers: the next probe succeeds and closes the breaker, so every call leads
+    // with flaky again.
+    f.flaky.set_behaviour(Behaviour::Serve);
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs(u64::from(COOL_DOWN_SECONDS) + 10);
+    loop {
+        let model = call("breaker-503").await;
+        if model == "flaky-model" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no successful probe within the cool-down and 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let burst: Vec<String> =
+        futures_util::future::join_all((0..3).map(|_| call("breaker-503"))).await;
+    assert!(burst.iter().all(|m| m == "flaky-model"), "{burst:?}");
 }

@@ -6,7 +6,7 @@ use envoy_types::pb::envoy::config::accesslog::v3::{
     AccessLog, AccessLogFilter, HeaderFilter, access_log, access_log_filter,
 };
 use envoy_types::pb::envoy::config::cluster::v3::{
-    Cluster, OutlierDetection,
+    Cluster,
     cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, DnsLookupFamily, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::Address;
@@ -143,7 +143,8 @@ pub fn resources(plan: &Plan) -> Vec<Resource> {
     out
 }
 
-/// A one-endpoint cluster whose outlier detection is the target's breaker, encoded.
+/// A target's one-endpoint cluster, encoded (no outlier detection: the breakers are the
+/// filter's).
 ///
 /// Encoded by hand around the endpoint metadata: prost holds protobuf maps (Metadata,
 /// Struct) in a HashMap, whose order changes from one build of the value to the next,
@@ -200,23 +201,12 @@ pub fn target_cluster(t: &TargetPlan) -> Cluster {
 }
 
 fn target_cluster_without_endpoint(t: &TargetPlan) -> Cluster {
-    Cluster {
-        outlier_detection: Some(OutlierDetection {
-            consecutive_5xx: Some(UInt32Value {
-                value: t.breaker.consecutive_failures,
-            }),
-            base_ejection_time: Some(seconds(t.breaker.open_seconds)),
-            // One host per cluster: the default cap (10%) must not keep it in.
-            max_ejection_percent: Some(UInt32Value { value: 100 }),
-            ..OutlierDetection::default()
-        }),
-        ..one_endpoint_cluster(
-            &t.name,
-            t.resolve,
-            t.tls.as_ref(),
-            t.connect_timeout_seconds,
-        )
-    }
+    one_endpoint_cluster(
+        &t.name,
+        t.resolve,
+        t.tls.as_ref(),
+        t.connect_timeout_seconds,
+    )
 }
 
 /// A one-endpoint cluster without its endpoint: logical DNS when `resolve` (with the

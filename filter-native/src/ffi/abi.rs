@@ -126,6 +126,7 @@ pub const METADATA_HOST: u32 = 3;
 pub const ATTRIBUTE_RESPONSE_CODE: u32 = 15;
 pub const ATTRIBUTE_RESPONSE_CODE_DETAILS: u32 = 16;
 pub const ATTRIBUTE_SOURCE_ADDRESS: u32 = 24;
+pub const ATTRIBUTE_UPSTREAM_REQUEST_ATTEMPT_COUNT: u32 = 53;
 
 /// `envoy_dynamic_module_type_http_callout_init_result`.
 pub const CALLOUT_INIT_SUCCESS: u32 = 0;

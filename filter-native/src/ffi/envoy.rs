@@ -412,6 +412,21 @@ impl Stream<'_> {
         }
     }
 
+    /// How many attempts the router made upstream (`upstream.request_attempt_count`).
+    pub fn attempt_count(self) -> Option<u32> {
+        let mut out = 0u64;
+        // SAFETY: live stream.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_get_attribute_int(
+                self.ptr,
+                abi::ATTRIBUTE_UPSTREAM_REQUEST_ATTEMPT_COUNT,
+                &mut out,
+            )
+        }
+        .then(|| u32::try_from(out).ok())
+        .flatten()
+    }
+
     /// The response code sent downstream, once there is one.
     pub fn response_code(self) -> Option<u32> {
         let mut out = 0u64;
