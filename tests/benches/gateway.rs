@@ -33,7 +33,9 @@
 //! valgrind's callgrind and the bench reports the instructions Envoy executes per request
 //! (user space, all threads) over that many sequential requests after a warm-up. Counts
 //! repeat to a fraction of a percent on a busy machine, where times move by tens of
-//! percent; they leave out the kernel's share (sockets), which is the same for all.
+//! percent; they leave out the kernel's share (sockets), which is the same for all. The
+//! baseline modules are counted too; HALO_BENCH_CALLGRIND_KEEP=<dir> keeps each Envoy's
+//! profile there for callgrind_annotate.
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
 // #[test] functions, and this in the helpers beside them.
