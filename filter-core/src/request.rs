@@ -219,11 +219,12 @@ impl RequestFlow {
         let snap = policy.snapshot();
         let cfg = policy.config();
         // A tentative run: it takes no breaker's probe (the end does, and corrects the
-        // edit if its lead differs).
-        let now = host.now();
+        // edit if its lead differs). Nothing recorded (the common case): no clock read,
+        // no key.
         let mut admit = |t: &Target| {
             host.with_breakers(|b| {
-                b.is_empty() || b.would_admit(&cfg.breaker, &cluster_names::target_cluster(t), now)
+                b.is_empty()
+                    || b.would_admit(&cfg.breaker, &cluster_names::target_cluster(t), host.now())
             })
         };
         let Ok(forward) =
@@ -248,10 +249,9 @@ impl RequestFlow {
         let scanned = self.scan.take().map(|scan| scan.finish(&body));
         let cfg = policy.config();
         let snap = policy.snapshot();
-        let now = host.now();
         let mut admit = |t: &Target| {
             host.with_breakers(|b| {
-                b.is_empty() || b.admit(&cfg.breaker, &cluster_names::target_cluster(t), now)
+                b.is_empty() || b.admit(&cfg.breaker, &cluster_names::target_cluster(t), host.now())
             })
         };
         match pipeline::on_body(cfg, &snap, &pending, &body, scanned, &mut admit) {
