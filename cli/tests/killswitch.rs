@@ -208,7 +208,8 @@ async fn controller_run_kills_through_the_data_dir_a_halo_server_serves() {
     use halo_evidence::Source;
     use halo_server::killswitch::Target;
     use support::controller::{
-        EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, policy_repo, post_breach, remote_branches, webhook,
+        EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, assert_one_rollback, policy_repo, post_breach,
+        webhook,
     };
 
     let env = Env::new().await;
@@ -273,13 +274,7 @@ async fn controller_run_kills_through_the_data_dir_a_halo_server_serves() {
         audit.iter().any(|a| a["actor"] == "halo-controller"),
         "{audit:?}"
     );
-    assert!(
-        remote_branches(&bare).contains(&format!("halo-controller/{EXP}/run-1-rollback")),
-        "the pause PR's branch is pushed"
-    );
-    let msgs = got.lock().unwrap().clone();
-    assert_eq!(msgs.len(), 1, "{msgs:?}");
-    assert_eq!(msgs[0]["killOutcome"], "killed");
+    assert_one_rollback(&bare, &got, EXP, "killed");
 
     // Killed means held: another run acts on nothing.
     let out = run().await;

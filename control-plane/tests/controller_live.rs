@@ -18,8 +18,8 @@ use halo_evidence::Source;
 use halo_server::killswitch::Target;
 use serde_json::json;
 use support::controller::{
-    EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, git, git_remote, policy_repo, post_breach,
-    remote_branches, webhook,
+    EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, assert_one_rollback, git, git_remote, policy_repo,
+    post_breach, remote_branches, webhook,
 };
 use support::gateway::{Live, LiveGateway, ask_raw, start_live_with};
 use support::{Env, Server, serve};
@@ -81,23 +81,7 @@ async fn gateway_evidence_of_a_breach_trips_the_kill_pr_and_webhook() {
         killed(&server).await,
         "the kill is tripped on gateway evidence"
     );
-    let branches = remote_branches(&bare);
-    assert!(
-        branches.contains(&format!("halo-controller/{EXP}/run-1-rollback")),
-        "{branches}"
-    );
-    let paused = git(
-        &bare,
-        &[
-            "show",
-            &format!("halo-controller/{EXP}/run-1-rollback:experiments/{EXP}.yaml"),
-        ],
-    );
-    assert!(paused.contains("\nstatus: paused\n"), "{paused}");
-    let msgs = hook.lock().unwrap().clone();
-    assert_eq!(msgs.len(), 1, "one signed message: {msgs:?}");
-    assert_eq!(msgs[0]["event"], "rollback");
-    assert_eq!(msgs[0]["killOutcome"], "killed");
+    assert_one_rollback(&bare, &hook, EXP, "killed");
 
     // Another tick repeats nothing; the state is in the API and the counters in /metrics.
     tick(&server).await;
@@ -130,13 +114,8 @@ async fn cli_evidence_of_a_breach_opens_the_pr_without_a_kill() {
     post_breach(&server, Source::Cli).await;
     let status = tick(&server).await;
     assert!(!killed(&server).await, "CLI evidence never kills");
-    assert!(
-        remote_branches(&bare).contains(&format!("halo-controller/{EXP}/run-1-rollback")),
-        "the pause PR is still opened: {status}"
-    );
-    let msgs = hook.lock().unwrap().clone();
-    assert_eq!(msgs.len(), 1, "{msgs:?}");
-    assert_eq!(msgs[0]["killOutcome"], "not_gateway_evidence");
+    assert_eq!(hook.lock().unwrap().len(), 1, "{status}");
+    assert_one_rollback(&bare, &hook, EXP, "not_gateway_evidence");
     server.stop().await;
 }
 
@@ -349,14 +328,7 @@ async fn through_envoy_a_breach_on_gateway_evidence_is_killed_and_envoy_routes_c
     let action = &status.experiments["haiku-canary"].action;
     let action = serde_json::to_value(action).unwrap();
     assert_eq!(action["killOutcome"], "killed", "{action}");
-    assert!(
-        remote_branches(&bare).contains("halo-controller/haiku-canary/run-1-rollback"),
-        "the pause PR's branch is pushed"
-    );
-    let msgs = got.lock().unwrap().clone();
-    assert_eq!(msgs.len(), 1, "{msgs:?}");
-    assert_eq!(msgs[0]["event"], "rollback");
-    assert_eq!(msgs[0]["killOutcome"], "killed");
+    assert_one_rollback(&bare, &got, "haiku-canary", "killed");
 
     // A restart repeats nothing: the same data dir, one more tick.
     let LiveGateway { server, envoy, .. } = live;

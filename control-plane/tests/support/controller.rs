@@ -184,3 +184,23 @@ pub fn remote_branches(bare: &Path) -> String {
         &["for-each-ref", "--format=%(refname:short)", "refs/heads"],
     )
 }
+
+/// A rollback acted on once: the pause PR's branch (pausing the experiment) is in the bare
+/// repo, and exactly one signed `rollback` message with `kill_outcome` arrived.
+pub fn assert_one_rollback(
+    bare: &Path,
+    messages: &Mutex<Vec<serde_json::Value>>,
+    experiment: &str,
+    kill_outcome: &str,
+) {
+    let branch = format!("halo-controller/{experiment}/run-1-rollback");
+    let paused = git(
+        bare,
+        &["show", &format!("{branch}:experiments/{experiment}.yaml")],
+    );
+    assert!(paused.contains("\nstatus: paused\n"), "{branch}: {paused}");
+    let msgs = messages.lock().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "one signed message: {msgs:?}");
+    assert_eq!(msgs[0]["event"], "rollback");
+    assert_eq!(msgs[0]["killOutcome"], kill_outcome);
+}
