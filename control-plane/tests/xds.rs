@@ -170,6 +170,22 @@ async fn a_refused_policy_edit_is_counted_on_metrics_and_the_old_version_keeps_s
         }
     };
 
+    // JWKS discovery runs after the first push and pushes once more (a new settings
+    // hash in the snapshot version): wait for it before taking the version that must stay.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while xds.status()["source"]["discoveredJwksUri"].is_null() {
+        assert!(
+            Instant::now() < deadline,
+            "the discovered JWKS URL was never pushed: {}",
+            xds.status()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        xds.status()["source"]["discoveredJwksUri"],
+        format!("{}/keys", env.issuer.issuer)
+    );
+
     let text = scrape().await;
     assert_eq!(sample(&text, ACCEPTED), Some(1), "{text}");
     assert_eq!(sample(&text, REFUSED), Some(0), "{text}");

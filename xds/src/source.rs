@@ -51,6 +51,10 @@ pub struct SourceStatus {
     pub rejected_dir_hash: Option<String>,
     /// Kill-list envelopes pushed.
     pub kill_pushes: u64,
+    /// The JWKS URL pushed from the issuer's discovery document; `None` while Envoy is
+    /// given the settings' `jwksUri` or the `<issuer>/.well-known/jwks.json` default
+    /// (discovery runs after the first push, so a watcher waits for this to settle).
+    pub discovered_jwks_uri: Option<String>,
 }
 
 /// The JWKS URL of each issuer, as its OIDC discovery document names it (`jwks_uri`): the
@@ -97,16 +101,21 @@ struct Push {
 }
 
 impl Push {
-    fn set(&self, compiled: &halo_policy::Snapshot, envelope: Option<&str>) -> Result<(), String> {
+    /// Translate and push `compiled`; returns the discovered JWKS URL it was given, if any.
+    fn set(
+        &self,
+        compiled: &halo_policy::Snapshot,
+        envelope: Option<&str>,
+    ) -> Result<Option<String>, String> {
         let discovered = compiled
             .identity
             .as_ref()
             .filter(|_| self.settings.jwks_uri.is_none())
             .and_then(|id| self.jwks_uris.borrow().get(&id.issuer).cloned());
-        let snap = match discovered {
+        let snap = match &discovered {
             Some(uri) => {
                 let settings = GatewaySettings {
-                    jwks_uri: Some(uri),
+                    jwks_uri: Some(uri.clone()),
                     ..self.settings.clone()
                 };
                 snapshot_with_kill_list(compiled, &settings, envelope)
@@ -115,7 +124,7 @@ impl Push {
         }
         .map_err(|e| e.to_string())?;
         self.cache.set(NodeKey::Default, snap);
-        Ok(())
+        Ok(discovered)
     }
 }
 
@@ -266,13 +275,16 @@ impl PolicySource {
         };
         let hash = dir_hash(&dir).map_err(|e| fail(vec![e.to_string()]))?;
         let first = load(&dir).map_err(fail)?;
+        let mut discovered_jwks_uri = None;
         if let Some(p) = &mut push {
             let envelope = p.kill_list.borrow_and_update().clone();
-            p.set(&first.compiled, envelope.as_deref())
+            discovered_jwks_uri = p
+                .set(&first.compiled, envelope.as_deref())
                 .map_err(|e| fail(vec![e]))?;
         }
         {
             let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+            s.discovered_jwks_uri = discovered_jwks_uri;
             s.served_version = Some(first.version.clone());
             s.served_dir_hash = Some(hash.clone());
             s.accepted = 1;
@@ -315,8 +327,12 @@ impl PolicySource {
                             p.jwks_uris.borrow_and_update();
                             let envelope = p.kill_list.borrow().clone();
                             let current = Arc::clone(&served_tx.borrow());
-                            if let Err(e) = p.set(&current.compiled, envelope.as_deref()) {
-                                tracing::error!(error = %e, "push with the discovered JWKS URL failed");
+                            match p.set(&current.compiled, envelope.as_deref()) {
+                                Ok(uri) => {
+                                    let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                                    s.discovered_jwks_uri = uri;
+                                }
+                                Err(e) => tracing::error!(error = %e, "push with the discovered JWKS URL failed"),
                             }
                         }
                         continue;
@@ -330,9 +346,10 @@ impl PolicySource {
                             let envelope = p.kill_list.borrow_and_update().clone();
                             let current = Arc::clone(&served_tx.borrow());
                             match p.set(&current.compiled, envelope.as_deref()) {
-                                Ok(()) => {
+                                Ok(uri) => {
                                     let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
                                     s.kill_pushes += 1;
+                                    s.discovered_jwks_uri = uri;
                                 }
                                 Err(e) => tracing::error!(error = %e, "kill list push failed"),
                             }
@@ -367,15 +384,16 @@ impl PolicySource {
                     Some(p) => {
                         let envelope = p.kill_list.borrow().clone();
                         p.set(&accepted.compiled, envelope.as_deref())
-                            .map(|()| accepted)
+                            .map(|uri| (accepted, uri))
                             .map_err(|e| vec![e])
                     }
-                    None => Ok(accepted),
+                    None => Ok((accepted, None)),
                 });
                 let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
                 match result {
-                    Ok(accepted) => {
+                    Ok((accepted, jwks_uri)) => {
                         tracing::info!(dir = %dir.display(), version = %accepted.version, "policy change accepted");
+                        s.discovered_jwks_uri = jwks_uri;
                         s.served_version = Some(accepted.version.clone());
                         s.served_dir_hash = Some(hash.clone());
                         s.accepted += 1;
