@@ -395,7 +395,14 @@ fn rollout_files() -> Vec<(&'static str, String)> {
     vec![
         (
             "experiments/haiku-canary.yaml",
-            HAIKU_CANARY.replace("minSamples: 100", "minSamples: 40"),
+            // The experiment's own split (90/10) is not what routes while the rollout runs:
+            // the step's percent (50) and then the whole ring do.
+            HAIKU_CANARY
+                .replace("minSamples: 100", "minSamples: 40")
+                .replace(
+                    "  - name: control\n    weight: 50\n  - name: canary\n    weight: 50\n",
+                    "  - name: control\n    weight: 90\n  - name: canary\n    weight: 10\n",
+                ),
         ),
         ("rollouts/haiku-b.yaml", HAIKU_ROLLOUT.to_string()),
     ]
@@ -433,18 +440,31 @@ steps:
     onFailure: rollback
 "#;
 
-/// Send `n` calls of new canary-ring users from `first`; the token of one the canary
-/// answered.
-async fn calls(env: &Env, live: &LiveGateway, first: usize, n: usize) -> Option<String> {
-    let mut canary = None;
+/// What `n` calls of new canary-ring users got.
+#[derive(Default)]
+struct Calls {
+    /// A token the change (prov-b) answered.
+    canary: Option<String>,
+    /// A token control (prov-a) answered.
+    control: Option<String>,
+    /// How many the change answered.
+    on_change: usize,
+}
+
+/// Send `n` calls of new canary-ring users from `first`.
+async fn calls(env: &Env, live: &LiveGateway, first: usize, n: usize) -> Calls {
+    let mut got = Calls::default();
     for i in first..first + n {
         let t = canary_ring_token(env, i);
         let (status, body) = ask_raw(&live.client, live.port, &t).await.unwrap();
         if status == 200 && body["provider"] == "prov-b" {
-            canary.get_or_insert(t);
+            got.on_change += 1;
+            got.canary.get_or_insert(t);
+        } else if status == 200 && body["provider"] == "prov-a" {
+            got.control.get_or_insert(t);
         }
     }
-    canary
+    got
 }
 
 /// Tick at `now + ahead` until `done` (bounded; Envoy's logger flushes every second).
@@ -487,7 +507,13 @@ async fn through_envoy_a_traffic_rollout_advances_step_by_step_and_completes() {
     let bake = time::Duration::minutes(2);
     let has_branch = |b: &str| remote_branches(&bare).lines().any(|l| l == b);
 
-    calls(&env, &live, 0, 120).await.expect("a canary answer");
+    // Step 0 routes its percent (50) of the canary ring to the change, not the
+    // experiment's 10: 120 users land near 60 (below 36 has odds under 1e-5 at 50%,
+    // above 24 has odds under 1e-4 at 10%).
+    let step0 = calls(&env, &live, 0, 120).await;
+    step0.canary.as_ref().expect("a canary answer");
+    let on_b = step0.on_change;
+    assert!((36..=84).contains(&on_b), "{on_b} of 120 at step 0 (50%)");
     tick_until(&live, bake, "advanced from step 0", || async {
         has_branch("halo-controller/rollout-haiku-b/step-0-advance")
     })
@@ -510,10 +536,14 @@ async fn through_envoy_a_traffic_rollout_advances_step_by_step_and_completes() {
         assert!(std::time::Instant::now() < deadline, "step 1 never served");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // Step 1 takes the canary ring whole: a user control answered at step 0 moves to
+    // the change once Envoy has the new policy, and so does every new user of the ring.
+    let was_control = step0.control.expect("a control answer at step 0");
+    live.until(&was_control, "prov-b", "haiku-canary-model")
+        .await;
     tick_status(&live.server).await; // step 1 starts now
-    calls(&env, &live, 1000, 120)
-        .await
-        .expect("a canary answer");
+    let step1 = calls(&env, &live, 1000, 120).await;
+    assert_eq!(step1.on_change, 120, "step 1 takes the whole canary ring");
     tick_until(&live, bake, "completed at step 1", || async {
         has_branch("halo-controller/rollout-haiku-b/step-1-complete")
     })
@@ -544,7 +574,10 @@ async fn through_envoy_a_slow_step_rolls_back_kills_and_envoy_routes_control() {
     )
     .await;
     let switch = live.server.killswitch();
-    let canary = calls(&env, &live, 0, 120).await.expect("a canary answer");
+    let canary = calls(&env, &live, 0, 120)
+        .await
+        .canary
+        .expect("a canary answer");
     tick_until(&live, time::Duration::ZERO, "rolled back", || async {
         switch
             .state()

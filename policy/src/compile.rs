@@ -2,6 +2,13 @@
 //!
 //! Deterministic: the same policy gives the same bytes, whatever the file layout or the
 //! order documents were read in, because every collection is sorted here.
+//!
+//! A running (or paused) Rollout decides its backing experiment's cohort: the compiled
+//! experiment enrolls the rings of the steps reached so far and gives the current step's
+//! `percent` (the whole ring without one) to the treatment ([`rollout_cohort`]). So the
+//! advance PR, which sets `step:` only, is what widens the change, and the rollout's steps
+//! are the one description of who gets it; the experiment's own `rings` bound them
+//! (validated) and its weights apply while no rollout drives it.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +16,76 @@ use crate::snapshot::{
     Routes, SNAPSHOT_SCHEMA, Snapshot, SnapshotExperiment, SnapshotRing, SnapshotToggle,
     SnapshotVariant,
 };
-use crate::types::{Axis, ExperimentStatus, ExperimentType, Harness, ModelRoute, Org, ShadowTurns};
+use crate::types::{
+    Axis, CONTROL_VARIANT, Experiment, ExperimentStatus, ExperimentType, Harness, ModelRoute, Org,
+    Rollout, RolloutStatus, ShadowTurns,
+};
+
+/// Who a rollout's backing experiment enrolls at the rollout's current step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cohort {
+    /// The rings of steps `0..=step`, sorted: a ring a step reached keeps the change.
+    pub rings: Vec<String>,
+    /// The treatment's share of those rings: the current step's `percent`, else 100.
+    pub percent: u32,
+}
+
+/// The cohort `rollout` routes to its change now: `None` unless it is running or paused
+/// (a pending rollout has not started; a complete or rolled-back one drives nothing) and
+/// its step exists. Validation makes the one split per experiment able to carry every
+/// step (a step cannot narrow a ring an earlier step took whole).
+pub fn rollout_cohort(rollout: &Rollout) -> Option<Cohort> {
+    if !matches!(
+        rollout.status,
+        RolloutStatus::Running | RolloutStatus::Paused
+    ) {
+        return None;
+    }
+    let reached = rollout.steps.get(..=rollout.step as usize)?;
+    let mut rings: Vec<String> = reached.iter().map(|s| s.ring.clone()).collect();
+    rings.sort();
+    rings.dedup();
+    let percent = reached.last()?.percent.unwrap_or(100).min(100);
+    Some(Cohort { rings, percent })
+}
+
+/// Who `experiment` enrolls and how it splits them, as served: its rings and its variants'
+/// weights (in variant order), or those a rollout driving it sets. The snapshot and the
+/// client releases (halod's channels) both read this.
+pub fn enrollment(org: &Org, experiment: &Experiment) -> (Vec<String>, Vec<u32>) {
+    let cohort = org
+        .rollouts
+        .values()
+        .filter(|r| r.experiment == experiment.name)
+        .find_map(rollout_cohort);
+    let (mut rings, weights) = match &cohort {
+        Some(c) => apply_cohort(experiment, c),
+        None => (
+            experiment.rings.clone(),
+            experiment.variants.iter().map(|v| v.weight).collect(),
+        ),
+    };
+    rings.sort();
+    rings.dedup();
+    (rings, weights)
+}
+
+/// The experiment's rings and variant weights as a cohort sets them: control gets
+/// `100 - percent`, the treatment (validation allows one) `percent`.
+fn apply_cohort(experiment: &Experiment, cohort: &Cohort) -> (Vec<String>, Vec<u32>) {
+    let weights = experiment
+        .variants
+        .iter()
+        .map(|v| {
+            if v.name == CONTROL_VARIANT {
+                100 - cohort.percent
+            } else {
+                cohort.percent
+            }
+        })
+        .collect();
+    (cohort.rings.clone(), weights)
+}
 
 /// Compile a policy. The caller validates first: compile does not re-check references,
 /// and a route that does not resolve simply has no targets.
@@ -38,9 +114,7 @@ pub fn compile(org: &Org) -> Snapshot {
         .values()
         .filter(|e| e.status == ExperimentStatus::Running)
         .map(|e| {
-            let mut rings = e.rings.clone();
-            rings.sort();
-            rings.dedup();
+            let (rings, weights) = enrollment(org, e);
             SnapshotExperiment {
                 name: e.name.clone(),
                 experiment_type: e.experiment_type,
@@ -51,9 +125,10 @@ pub fn compile(org: &Org) -> Snapshot {
                 variants: e
                     .variants
                     .iter()
-                    .map(|v| SnapshotVariant {
+                    .zip(weights)
+                    .map(|(v, weight)| SnapshotVariant {
                         name: v.name.clone(),
-                        weight: v.weight,
+                        weight,
                         routes: normalize(&v.routes),
                     })
                     .collect(),

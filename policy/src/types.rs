@@ -840,8 +840,11 @@ pub enum OnFailure {
 pub struct RolloutStep {
     #[serde(default)]
     pub strategy: Strategy,
+    /// The ring this step adds to the backing experiment's cohort (one of the
+    /// experiment's rings); the rings of earlier steps keep the change.
     pub ring: String,
-    /// Canary share of the ring (1-100).
+    /// The change's share of the cohort at this step (1-100); without it, the whole
+    /// cohort. No step may narrow a ring an earlier step took whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<u32>,
     /// How long the step soaks before the gates are read (for example 30m, 24h).

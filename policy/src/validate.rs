@@ -22,8 +22,8 @@ use crate::guardrails::{self, Guardrail};
 use crate::harness_models::{self, FamilyModel};
 use crate::issue::Issue;
 use crate::types::{
-    Axis, CONTROL_VARIANT, Harness, Kind, MAX_PRICE_USD, ModelRoute, Org, Source, Target,
-    UpstreamKind,
+    Axis, CONTROL_VARIANT, Experiment, Harness, Kind, MAX_PRICE_USD, ModelRoute, Org, Rollout,
+    RolloutStatus, Source, Target, UpstreamKind,
 };
 
 /// Rule for names that point at nothing (or at the wrong kind of thing).
@@ -932,8 +932,88 @@ impl Checker<'_> {
         }
     }
 
+    /// A rollout's steps must be carried by its experiment's one split (see
+    /// `compile::rollout_cohort`): a control and one treatment variant, the experiment's
+    /// rings bounding every step's, and no step narrowing a ring an earlier step took whole.
+    fn rollout_cohort(&mut self, doc: Doc<'_>, rollout: &Rollout, exp: &Experiment) {
+        let treatments = exp
+            .variants
+            .iter()
+            .filter(|v| v.name != CONTROL_VARIANT)
+            .count();
+        if treatments != 1 || exp.variants.len() != 2 {
+            self.error(
+                doc,
+                "experiment",
+                RULE_REFERENCE,
+                format!(
+                    "experiment {:?} backs a rollout, so it needs a `{CONTROL_VARIANT}` variant and exactly one other (it has {} variants)",
+                    rollout.experiment,
+                    exp.variants.len()
+                ),
+            );
+        }
+        let mut whole: Option<(usize, &str)> = None;
+        for (i, step) in rollout.steps.iter().enumerate() {
+            let base = field_index("steps", i);
+            if !exp.rings.contains(&step.ring) {
+                self.error(
+                    doc,
+                    field_key(&base, "ring"),
+                    RULE_REFERENCE,
+                    format!(
+                        "ring {:?} is not among experiment {:?}'s rings {:?}: the experiment's rings bound the rollout's",
+                        step.ring, rollout.experiment, exp.rings
+                    ),
+                );
+            }
+            let percent = step.percent.unwrap_or(100);
+            match whole {
+                Some((j, ring)) if percent < 100 => self.error(
+                    doc,
+                    field_key(&base, "percent"),
+                    RULE_RANGE,
+                    format!(
+                        "percent {percent} after step {j} took ring {ring:?} whole: the experiment has one split for all its rings, so a later step cannot narrow it (split the rollout)"
+                    ),
+                ),
+                None if percent >= 100 => whole = Some((i, &step.ring)),
+                _ => {}
+            }
+        }
+    }
+
     fn rollouts(&mut self) {
         let org = self.org;
+        let mut backing: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let active = |r: &&Rollout| {
+            matches!(
+                r.status,
+                RolloutStatus::Pending | RolloutStatus::Running | RolloutStatus::Paused
+            )
+        };
+        for rollout in org.rollouts.values().filter(active) {
+            backing
+                .entry(rollout.experiment.as_str())
+                .or_default()
+                .push(rollout.name.as_str());
+        }
+        for (key, rollout) in &org.rollouts {
+            let names = backing
+                .get(rollout.experiment.as_str())
+                .map_or(&[][..], Vec::as_slice);
+            if active(&rollout) && names.len() > 1 {
+                self.error(
+                    Doc(Kind::Rollout, key),
+                    "experiment",
+                    RULE_REFERENCE,
+                    format!(
+                        "experiment {:?} backs rollouts {names:?}: one experiment carries one rollout",
+                        rollout.experiment
+                    ),
+                );
+            }
+        }
         for (key, rollout) in &org.rollouts {
             let doc = Doc(Kind::Rollout, key);
             self.doc_name(doc, "rollout", &rollout.name);
@@ -955,7 +1035,7 @@ impl Checker<'_> {
                         axis_str(exp.axis)
                     ),
                 ),
-                Some(_) => {}
+                Some(exp) => self.rollout_cohort(doc, rollout, exp),
             }
             let change = &rollout.change;
             match (&change.release, &change.alias, rollout.axis) {

@@ -897,6 +897,104 @@ fn variant_weights_are_at_least_one_and_variant_names_unique() {
 }
 
 #[test]
+fn a_rollout_is_carried_by_its_experiments_one_split() {
+    // A step's ring outside the experiment's rings: the experiment's rings bound it.
+    let mut org = org();
+    experiment(&mut org, "sonnet-canary").rings = vec!["early".into()];
+    let issue = expect(
+        &org,
+        "reference",
+        Kind::Rollout,
+        "sonnet-to-bedrock",
+        "steps[1].ring",
+    );
+    assert!(issue.message.contains("bound"), "{issue}");
+
+    // A canary share after a step took a ring whole would narrow that ring.
+    let mut org = self::org();
+    let steps = &mut rollout(&mut org).steps;
+    steps.push(steps[0].clone());
+    let issue = expect(
+        &org,
+        "range",
+        Kind::Rollout,
+        "sonnet-to-bedrock",
+        "steps[2].percent",
+    );
+    assert!(issue.message.contains("after step 1"), "{issue}");
+
+    // One treatment: a third variant cannot share one percent.
+    let mut org = self::org();
+    let exp = experiment(&mut org, "sonnet-canary");
+    let mut third = exp.variants[1].clone();
+    third.name = "other".into();
+    exp.variants.push(third);
+    expect(
+        &org,
+        "reference",
+        Kind::Rollout,
+        "sonnet-to-bedrock",
+        "experiment",
+    );
+
+    // Two active rollouts on one experiment; a completed one may stay in the repo.
+    let mut org = self::org();
+    let mut second = rollout(&mut org).clone();
+    second.name = "again".into();
+    org.sources.insert(
+        (Kind::Rollout, "again".into()),
+        Source {
+            file: "rollouts/again.yaml".into(),
+            document: 1,
+        },
+    );
+    org.rollouts.insert("again".into(), second);
+    let issue = expect(&org, "reference", Kind::Rollout, "again", "experiment");
+    assert!(
+        issue.message.contains("one experiment carries one rollout"),
+        "{issue}"
+    );
+    org.rollouts.get_mut("again").unwrap().status = RolloutStatus::Complete;
+    assert!(validate(&org).is_empty(), "{}", render(&validate(&org)));
+}
+
+/// Compiling (not validation, but this file has the organisation): a running rollout's
+/// step decides its experiment's cohort in the snapshot, which the filter, the CLI and
+/// halod assign from.
+#[test]
+fn a_running_rollouts_step_decides_the_compiled_cohort() {
+    let cohort = |org: &Org| {
+        let snap = halo_policy::compile(org);
+        let e = snap.experiment("sonnet-canary").expect("compiled");
+        let weights: Vec<u32> = e.variants.iter().map(|v| v.weight).collect();
+        (e.rings.clone(), weights)
+    };
+    // Step 1 (ring everyone, whole) after step 0 (early, 10%): both rings, all treatment.
+    let mut org = org();
+    assert_eq!(
+        cohort(&org),
+        (
+            vec!["early".to_string(), "everyone".to_string()],
+            vec![0, 100]
+        )
+    );
+    // Step 0: the canary share of the first ring only (the experiment says 90/10 over two
+    // rings; the rollout decides).
+    rollout(&mut org).step = 0;
+    experiment(&mut org, "sonnet-canary").variants[1].weight = 50;
+    assert_eq!(cohort(&org), (vec!["early".to_string()], vec![90, 10]));
+    // Pending: the experiment as written.
+    rollout(&mut org).status = RolloutStatus::Pending;
+    assert_eq!(
+        cohort(&org),
+        (
+            vec!["early".to_string(), "everyone".to_string()],
+            vec![90, 50]
+        )
+    );
+}
+
+#[test]
 fn rollout_step_must_index_a_step_and_bakes_must_be_durations() {
     let mut org = org();
     rollout(&mut org).step = 2;

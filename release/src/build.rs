@@ -150,14 +150,17 @@ pub fn build_ring(org: &Org, ring_name: &str) -> Result<RingBuild, BuildError> {
     let mut channels = Vec::new();
     let mut experiments = Vec::new();
     for exp in org.experiments.values() {
+        // Enrollment as served (a rollout driving the experiment sets it), the same as the
+        // gateway's snapshot.
+        let (rings, weights) = halo_policy::compile::enrollment(org, exp);
         if exp.axis != Axis::Client
             || exp.status != ExperimentStatus::Running
-            || !exp.rings.iter().any(|r| r == ring_name)
+            || !rings.iter().any(|r| r == ring_name)
         {
             continue;
         }
         let mut variants = Vec::new();
-        for v in &exp.variants {
+        for (v, weight) in exp.variants.iter().zip(weights) {
             let channel = Channel {
                 experiment: exp.name.clone(),
                 variant: v.name.clone(),
@@ -187,7 +190,7 @@ pub fn build_ring(org: &Org, ring_name: &str) -> Result<RingBuild, BuildError> {
             channels.push(release);
             variants.push(VariantEntry {
                 name: v.name.clone(),
-                weight: v.weight,
+                weight,
                 channel,
             });
         }

@@ -122,6 +122,35 @@ fn ring_release_lists_channels_and_channels_render_their_variant() {
     assert_eq!(build.ring.manifest.toggles[0].name, "deep-reasoning");
 }
 
+/// A running client rollout decides its experiment's channels as it does the gateway's
+/// snapshot: the harness-upgrade rollout started (experiment running, rollout at step 0:
+/// canary at 5%) lists engineering-next-canary in the canary ring at 95/5 and not in early
+/// (which the experiment names); at step 2 early has it whole.
+#[test]
+fn a_running_client_rollouts_step_decides_the_channels() {
+    let mut org = acme();
+    org.experiments
+        .get_mut("engineering-next-canary")
+        .unwrap()
+        .status = halo_policy::ExperimentStatus::Running;
+    org.rollouts.get_mut("harness-upgrade").unwrap().status = halo_policy::RolloutStatus::Running;
+    let listed = |org: &halo_policy::Org, ring: &str| {
+        build_ring(org, ring)
+            .unwrap()
+            .ring
+            .manifest
+            .experiments
+            .iter()
+            .find(|e| e.name == "engineering-next-canary")
+            .map(|e| e.variants.iter().map(|v| v.weight).collect::<Vec<u32>>())
+    };
+    assert_eq!(listed(&org, "canary"), Some(vec![95, 5]));
+    assert_eq!(listed(&org, "early"), None);
+    org.rollouts.get_mut("harness-upgrade").unwrap().step = 2;
+    assert_eq!(listed(&org, "early"), Some(vec![0, 100]));
+    assert_eq!(listed(&org, "canary"), Some(vec![0, 100]));
+}
+
 #[test]
 fn bedrock_mode_renders_the_bedrock_env() {
     let mut org = acme();
