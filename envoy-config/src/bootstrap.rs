@@ -86,6 +86,11 @@ pub fn service_cluster(s: &ServicePlan) -> Value {
         s.tls.as_ref(),
         s.connect_timeout_seconds,
     );
+    if let Some(n) = s.max_in_flight {
+        c["circuit_breakers"] = json!({"thresholds": [{
+            "max_connections": n, "max_pending_requests": n, "max_requests": n, "max_retries": 0,
+        }]});
+    }
     if s.http2 {
         c["typed_extension_protocol_options"] = json!({
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -442,10 +447,16 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
     let mut clusters: Vec<Value> = plan.targets.iter().map(target_cluster).collect();
     clusters.extend(plan.aggregates.iter().map(|a| aggregate_cluster(plan, a)));
     clusters.extend(
-        [&l.jwks, &l.killswitch, &l.evidence, &l.default_upstream]
-            .into_iter()
-            .flatten()
-            .map(service_cluster),
+        [
+            &l.jwks,
+            &l.killswitch,
+            &l.evidence,
+            &l.default_upstream,
+            &l.shadow,
+        ]
+        .into_iter()
+        .flatten()
+        .map(service_cluster),
     );
     let mut http_filters: Vec<Value> = l.jwt_authn.iter().cloned().collect();
     http_filters.extend(l.filter.as_ref().map(|f| planned_filter(f, snap, None)));

@@ -17,6 +17,8 @@ pub const ROUTE_HEADER: &str = "x-halo-route";
 
 /// The kill-list server's cluster in the standalone bootstrap.
 pub const KILLSWITCH_CLUSTER: &str = "halo-killswitch";
+/// The mirror service's cluster: the filter's shadow jobs go there.
+pub const SHADOW_CLUSTER: &str = "halo-shadow";
 
 /// The halo filter's name in the listener's filter chain, in both modes (in xDS mode also
 /// the name of its ECDS resource).

@@ -122,7 +122,19 @@ pub struct GatewaySettings {
     /// as for a model call (unauthenticated: 401); the client's credentials are removed
     /// unless `forwardAuth`. Unset (default): such paths are 404.
     pub default_upstream: Option<String>,
+    /// The mirror service's URL (halo-server's `POST /mirror` on `--shadow-listen`), where
+    /// the filter sends shadow jobs: gets the [`names::SHADOW_CLUSTER`] cluster;
+    /// `filterSettings.shadow.{cluster,url}` are filled in (the token and `maxBytes` are
+    /// the filter settings' own, as the kill switch's token). Unset: nothing is mirrored.
+    pub shadow_url: Option<String>,
+    /// Jobs in flight to the mirror service at most (the cluster's circuit breakers:
+    /// connections, pending and active requests). One over is not sent, counted by the
+    /// filter (`not_sent`) and by Envoy (`upstream_rq_pending_overflow`).
+    pub shadow_max_in_flight: u32,
 }
+
+/// Default [`GatewaySettings::shadow_max_in_flight`].
+pub const DEFAULT_SHADOW_MAX_IN_FLIGHT: u32 = 64;
 
 impl GatewaySettings {
     /// The credential settings as the credential chain takes them.
@@ -183,6 +195,8 @@ impl Default for GatewaySettings {
             evidence: None,
             next_hop: None,
             default_upstream: None,
+            shadow_url: None,
+            shadow_max_in_flight: DEFAULT_SHADOW_MAX_IN_FLIGHT,
         }
     }
 }
@@ -268,6 +282,10 @@ pub struct ListenerPlan {
     /// names it in the route header for a request no policy route takes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_upstream: Option<ServicePlan>,
+    /// The mirror service's cluster ([`GatewaySettings::shadow_url`]), the filter's
+    /// shadow callouts' destination, bounded by its circuit breakers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ServicePlan>,
     /// The halo filter; `None`: no halo filter (routing-layer tests only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filter: Option<FilterPlan>,
@@ -321,6 +339,10 @@ pub struct ServicePlan {
     /// Spoken over HTTP/2 (a gRPC service: the evidence receiver); HTTP/1.1 otherwise.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub http2: bool,
+    /// Requests in flight at most (circuit breakers: as many connections, pending and
+    /// active requests; no retries); `None`: Envoy's defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
 }
 
 impl ServicePlan {
@@ -342,6 +364,7 @@ impl ServicePlan {
             host: ep.host,
             port: ep.port,
             http2: false,
+            max_in_flight: None,
         })
     }
 
@@ -562,7 +585,7 @@ pub fn target_metadata(
         // What auto_host_rewrite writes after the upstream filters: the stage sets it
         // first, so a SigV4 signature covers the host the provider receives.
         ("host".to_string(), host.to_string()),
-        ("kind".to_string(), kind.clone()),
+        ("kind".to_string(), kind),
         ("model".to_string(), model.to_string()),
         (names::TARGET_METADATA_KEY.to_string(), cluster.to_string()),
         ("upstream".to_string(), upstream_name.to_string()),
@@ -577,14 +600,7 @@ pub fn target_metadata(
         }
     }
     // The same facts in one value: what the per-attempt stage reads, in one call.
-    let facts = EndpointFacts {
-        model: model.to_string(),
-        kind,
-        host: host.to_string(),
-        region: upstream.region.clone(),
-        project: upstream.project.clone(),
-        api_version: upstream.api_version.clone(),
-    };
+    let facts = EndpointFacts::of(upstream, model, host);
     md.push((names::ENDPOINT_FACTS_KEY.to_string(), facts.encode()));
     md.sort();
     md
@@ -722,6 +738,22 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             )
         })
         .transpose()?;
+    let shadow = settings
+        .shadow_url
+        .as_deref()
+        .map(|u| {
+            ServicePlan::new(
+                "shadowUrl",
+                names::SHADOW_CLUSTER,
+                u,
+                &settings.upstream_ca_file,
+            )
+        })
+        .transpose()?
+        .map(|s| ServicePlan {
+            max_in_flight: Some(settings.shadow_max_in_flight.max(1)),
+            ..s
+        });
     let jwt_authn = jwks
         .as_ref()
         .and_then(|j| crate::bootstrap::jwt_authn(snap, &j.uri, &settings.wasm_path));
@@ -731,6 +763,11 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             let entry = m.entry("killSwitch").or_insert_with(|| json!({}));
             entry["cluster"] = json!(ks.cluster);
             entry["url"] = json!(ks.uri);
+        }
+        if let (Some(sh), Some(m)) = (&shadow, filter_settings.as_object_mut()) {
+            let entry = m.entry("shadow").or_insert_with(|| json!({}));
+            entry["cluster"] = json!(sh.cluster);
+            entry["url"] = json!(sh.uri);
         }
         if let (Some(d), Some(m)) = (&default_upstream, filter_settings.as_object_mut()) {
             m.insert("defaultUpstreamCluster".into(), json!(d.cluster));
@@ -757,6 +794,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             killswitch,
             evidence,
             default_upstream,
+            shadow,
             filter,
             name: settings.listener_name.clone(),
             address: settings.listen_address.clone(),

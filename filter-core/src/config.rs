@@ -8,7 +8,9 @@
 //!               "forwardAuth": false, "maxBodyBytes": 33554432,
 //!               "killSwitch": {"cluster": "halo-killswitch", "url": "https://...", ...},
 //!               "routeHeader": "x-halo-route",
-//!               "breaker": {"consecutiveFailures": 5, "openSeconds": 30}}}
+//!               "breaker": {"consecutiveFailures": 5, "openSeconds": 30},
+//!               "shadow": {"cluster": "halo-shadow", "url": "http://...:9445/mirror",
+//!                          "tokenEnv": "HALO_SHADOW_TOKEN", "maxBytes": 1048576}}}
 //! ```
 //!
 //! The per-attempt stage (an upstream filter on the aggregate clusters, see
@@ -69,6 +71,29 @@ struct RawSettings {
     /// writes here).
     #[serde(default)]
     breaker: Breaker,
+    /// Where shadow jobs go ([`crate::shadow`]); absent: nothing is mirrored.
+    #[serde(default)]
+    shadow: Option<RawShadow>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawShadow {
+    cluster: String,
+    url: String,
+    #[serde(default)]
+    authority: Option<String>,
+    #[serde(default)]
+    token: Option<String>,
+    /// As `killSwitch.tokenEnv`: a VM environment variable holding the shadow token.
+    #[serde(default)]
+    token_env: Option<String>,
+    #[serde(default)]
+    max_bytes: Option<u64>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    allow_insecure_in_cluster: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -158,6 +183,25 @@ pub struct KillSwitchSettings {
     pub interval_secs: u32,
 }
 
+/// Where shadow jobs are sent ([`crate::shadow`]): the mirror service's cluster, path
+/// and token, and the largest job body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowSettings {
+    pub cluster: String,
+    pub authority: String,
+    pub path: String,
+    pub token: String,
+    /// A job whose body is larger is not sent (counted `too_large`).
+    pub max_bytes: u64,
+    /// How long Envoy waits for the service to take a job.
+    pub timeout_ms: u64,
+}
+
+/// Default `shadow.maxBytes`: 1 MiB (the spec's default).
+pub const DEFAULT_SHADOW_MAX_BYTES: u64 = 1024 * 1024;
+/// Default `shadow.timeoutMs`: the service takes a job (202) before it works on it.
+pub const DEFAULT_SHADOW_TIMEOUT_MS: u64 = 2000;
+
 /// A decoded, checked configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -178,6 +222,8 @@ pub struct Config {
     pub test_panic: Option<TestPanic>,
     /// The target breakers' threshold and cool-down ([`crate::breaker`]).
     pub breaker: Breaker,
+    /// Where shadow jobs go; `None`: nothing is mirrored.
+    pub shadow: Option<ShadowSettings>,
 }
 
 /// Where `settings.testPanic` makes the native build panic.
@@ -337,7 +383,9 @@ impl Config {
                 "settings.breaker: consecutiveFailures and openSeconds must be at least 1".into(),
             ));
         }
+        let shadow = s.shadow.map(|r| shadow_settings(r, env)).transpose()?;
         Ok(Config {
+            shadow,
             snapshot,
             identity,
             forward_auth: s.forward_auth,
@@ -460,37 +508,10 @@ fn kill_switch_settings(
             "must name the Envoy cluster of the kill-list server".into(),
         ));
     }
-    let token = match (raw.token, raw.token_env) {
-        (Some(_), Some(_)) => {
-            return Err(field(
-                "tokenEnv",
-                "give token or tokenEnv, not both".into(),
-            ));
-        }
-        (Some(token), None) => token,
-        (None, Some(name)) => env(&name).filter(|t| !t.is_empty()).ok_or_else(|| {
-            field(
-                "tokenEnv",
-                format!(
-                    "{name} is not set in the plugin VM's environment (pass it with vm_config.environment_variables.host_env_keys)"
-                ),
-            )
-        })?,
-        (None, None) => String::new(),
-    };
-    if token.is_empty() {
-        return Err(field("token", "the gateway token is required".into()));
-    }
-    let url = parse_url(&raw.url).map_err(|m| field("url", m))?;
-    if !url.https && !is_loopback_host(&url.host) && !raw.allow_insecure_in_cluster {
-        return Err(field(
-            "url",
-            format!(
-                "plain http to {:?} is refused (the token and the list would cross the network in clear); use https, or set allowInsecureInCluster for an in-cluster service",
-                url.host
-            ),
-        ));
-    }
+    let token =
+        token_of(raw.token, raw.token_env, env, "gateway token").map_err(|(f, m)| field(f, m))?;
+    let url = service_url(&raw.url, raw.allow_insecure_in_cluster, "the list")
+        .map_err(|m| field("url", m))?;
     let interval_secs = raw.interval_seconds.unwrap_or(DEFAULT_KILL_INTERVAL_SECS);
     if interval_secs == 0 || interval_secs > 3600 {
         return Err(field("intervalSeconds", "must be 1..=3600".into()));
@@ -503,6 +524,82 @@ fn kill_switch_settings(
         token,
         key,
         interval_secs,
+    })
+}
+
+/// The token given inline or through a VM environment variable (never both), required:
+/// `Err((field, message))`.
+fn token_of(
+    token: Option<String>,
+    token_env: Option<String>,
+    env: EnvLookup<'_>,
+    what: &str,
+) -> Result<String, (&'static str, String)> {
+    let token = match (token, token_env) {
+        (Some(_), Some(_)) => {
+            return Err(("tokenEnv", "give token or tokenEnv, not both".into()));
+        }
+        (Some(token), None) => token,
+        (None, Some(name)) => env(&name).filter(|t| !t.is_empty()).ok_or_else(|| {
+            (
+                "tokenEnv",
+                format!(
+                    "{name} is not set in the plugin VM's environment (pass it with vm_config.environment_variables.host_env_keys)"
+                ),
+            )
+        })?,
+        (None, None) => String::new(),
+    };
+    if token.is_empty() {
+        return Err(("token", format!("the {what} is required")));
+    }
+    Ok(token)
+}
+
+/// A service URL the filter sends a token to: https, loopback, or plain http only when
+/// the operator says the service is in-cluster (`carried` names what else would cross
+/// the network in clear).
+fn service_url(text: &str, allow_insecure_in_cluster: bool, carried: &str) -> Result<Url, String> {
+    let url = parse_url(text)?;
+    if !url.https && !is_loopback_host(&url.host) && !allow_insecure_in_cluster {
+        return Err(format!(
+            "plain http to {:?} is refused (the token and {carried} would cross the network in clear); use https, or set allowInsecureInCluster for an in-cluster service",
+            url.host
+        ));
+    }
+    Ok(url)
+}
+
+fn shadow_settings(raw: RawShadow, env: EnvLookup<'_>) -> Result<ShadowSettings, ConfigError> {
+    let field = |(f, m): (&str, String)| ConfigError(format!("settings.shadow.{f}: {m}"));
+    if !is_token(&raw.cluster) {
+        return Err(field((
+            "cluster",
+            "must name the Envoy cluster of the mirror service".into(),
+        )));
+    }
+    let token = token_of(raw.token, raw.token_env, env, "shadow token").map_err(field)?;
+    let url = service_url(
+        &raw.url,
+        raw.allow_insecure_in_cluster,
+        "the mirrored requests",
+    )
+    .map_err(|m| field(("url", m)))?;
+    let max_bytes = raw.max_bytes.unwrap_or(DEFAULT_SHADOW_MAX_BYTES);
+    if max_bytes == 0 {
+        return Err(field(("maxBytes", "must be at least 1".into())));
+    }
+    let timeout_ms = raw.timeout_ms.unwrap_or(DEFAULT_SHADOW_TIMEOUT_MS);
+    if !(1..=60_000).contains(&timeout_ms) {
+        return Err(field(("timeoutMs", "must be 1..=60000".into())));
+    }
+    Ok(ShadowSettings {
+        cluster: raw.cluster,
+        authority: raw.authority.unwrap_or(url.authority),
+        path: url.path,
+        token,
+        max_bytes,
+        timeout_ms,
     })
 }
 

@@ -110,6 +110,19 @@ pub struct FakeEnvoy<const PIECEWISE: bool> {
     pub attempts: Option<u32>,
     /// The worker's breakers: give each stream of a test a clone of one.
     pub breakers: std::rc::Rc<RefCell<Breakers>>,
+    /// The callouts the flow started: (cluster, headers, body, timeout ms).
+    pub callouts: Vec<Callout>,
+    /// Whether Envoy starts a callout (false: as with its circuit breaker open).
+    pub refuse_callouts: bool,
+}
+
+/// One callout the flow started.
+#[derive(Debug, Clone, Default)]
+pub struct Callout {
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
 }
 
 impl<const P: bool> FakeEnvoy<P> {
@@ -291,6 +304,25 @@ impl<const P: bool> Host for FakeEnvoy<P> {
 
     fn set_response_body(&mut self, bytes: &[u8]) {
         self.response_piece = bytes.to_vec();
+    }
+
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool {
+        if self.refuse_callouts {
+            return false;
+        }
+        self.callouts.push(Callout {
+            cluster: cluster.to_string(),
+            headers: headers.to_vec(),
+            body: body.to_vec(),
+            timeout_ms,
+        });
+        true
     }
 }
 

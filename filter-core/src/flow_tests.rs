@@ -1523,3 +1523,313 @@ fn a_call_whose_answer_never_came_counts_the_attempts_before_its_last() {
     assert!(b.borrow().is_open(&a), "a failed twice");
     assert!(!b.borrow().is_open(&bt), "b's outcome is unknown");
 }
+
+// ---------------------------------------------------------------------------------------
+// Shadow jobs
+
+const SHADOW_TOKEN: &str = "shadow-token-0123456789abcdef0123456789abcdef";
+
+/// The unit tests' snapshot with a shadow experiment on `sonnet` mirroring every caller
+/// (`turns`) to `target`, and a Bedrock upstream for a translated treatment.
+fn shadow_snapshot(turns: &str, target: Value) -> Value {
+    let mut s = crate::tests::snapshot(Some("https://idp"));
+    s["upstreams"]["br"] = json!({"url": "https://bedrock-runtime.us-east-1.amazonaws.com",
+                                  "kind": "bedrock", "region": "us-east-1"});
+    s["experiments"] = json!([
+        {"name": "sonnet-shadow", "type": "shadow", "axis": "traffic", "status": "running",
+         "rings": ["general"], "salt": "shadow-salt", "shadowTurns": turns,
+         "variants": [{"name": "control", "weight": 0},
+                      {"name": "treatment", "weight": 100, "routes": {"sonnet": [target]}}]},
+    ]);
+    s
+}
+
+fn shadow_settings(max_bytes: u64) -> Value {
+    json!({"cluster": "halo-shadow", "url": "http://127.0.0.1:9445/mirror",
+           "token": SHADOW_TOKEN, "maxBytes": max_bytes})
+}
+
+fn shadow_policy(turns: &str, target: Value, settings: Value) -> TestPolicy {
+    let doc = json!({"snapshot": shadow_snapshot(turns, target), "settings": settings});
+    let cfg = Config::from_bytes(doc.to_string().as_bytes()).expect("config");
+    TestPolicy::new(cfg, NOW)
+}
+
+fn treatment_b() -> Value {
+    json!({"upstream": "b", "model": "shadow-model"})
+}
+
+/// A request carrying every kind of header a job must never carry.
+fn shadowed_post<const P: bool>(body: &[u8]) -> FakeEnvoy<P> {
+    post::<P>(
+        Some("alice@acme.test"),
+        body,
+        &[
+            ("x-api-key", "client-key"),
+            ("cookie", "session=secret"),
+            ("x-halo-experiment", "forged"),
+            ("x-claude-code-session-id", "s-1"),
+            ("x-user-email", "alice@acme.test"),
+            ("anthropic-version", "2023-06-01"),
+            ("anthropic-beta", "prompt-caching-2024-07-31"),
+        ],
+    )
+}
+
+fn envelope_of(callout: &fake::Callout) -> Value {
+    serde_json::from_slice(&callout.body).expect("the envelope is JSON")
+}
+
+fn a_first_turn_is_mirrored_as_the_treatment_receives_it<const P: bool>() {
+    let p = shadow_policy(
+        "first",
+        treatment_b(),
+        json!({"shadow": shadow_settings(1 << 20)}),
+    );
+    let body = messages("sonnet", 100);
+    let r = fake::request(&p, shadowed_post::<P>(&body), &pieces(&body, 64), 200);
+    let e = &r.envoy;
+    // The live call is untouched: control's target and model.
+    assert_eq!(e.header("x-halo-route"), Some("sonnet-0"));
+    assert!(String::from_utf8_lossy(&e.body).contains("\"claude-sonnet\""));
+    assert_eq!(
+        e.header("x-halo-experiment"),
+        None,
+        "shadow is not attributed"
+    );
+    assert_eq!(e.callouts.len(), 1, "one job");
+    let c = &e.callouts[0];
+    assert_eq!(c.cluster, "halo-shadow");
+    assert_eq!(c.timeout_ms, crate::config::DEFAULT_SHADOW_TIMEOUT_MS);
+    let h = |n: &str| {
+        c.headers
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(h(":path"), Some("/mirror"));
+    assert_eq!(h(":authority"), Some("127.0.0.1:9445"));
+    assert_eq!(
+        h("authorization"),
+        Some(format!("Bearer {SHADOW_TOKEN}").as_str())
+    );
+    assert_eq!(h("content-length"), Some(c.body.len().to_string().as_str()));
+    let job = envelope_of(c);
+    assert_eq!(job["experiment"], "sonnet-shadow");
+    assert_eq!(job["variant"], "treatment");
+    assert_eq!(job["ring"], "general");
+    assert_eq!(job["alias"], "sonnet");
+    assert_eq!(job["upstream"], "b");
+    assert_eq!(job["model"], "shadow-model");
+    assert_eq!(job["method"], "POST");
+    assert_eq!(job["path"], "/v1/messages");
+    assert_eq!(job["stream"], false);
+    assert_eq!(
+        job["unit"],
+        halo_policy::assign::unit("unit:shadow-salt", "alice@acme.test")
+    );
+    // The request as the treatment's target receives it: its model, the rest as sent.
+    let mut expected: Value = serde_json::from_slice(&body).expect("json");
+    expected["model"] = json!("shadow-model");
+    assert_eq!(job["body"], expected);
+    // Allowlisted headers only.
+    assert_eq!(
+        job["headers"],
+        json!([
+            ["anthropic-version", "2023-06-01"],
+            ["anthropic-beta", "prompt-caching-2024-07-31"],
+            ["content-type", "application/json"]
+        ])
+    );
+    let text = String::from_utf8_lossy(&c.body);
+    for never in [
+        "Bearer tok",
+        "client-key",
+        "secret",
+        "forged",
+        "s-1",
+        "alice@acme.test",
+    ] {
+        assert!(!text.contains(never), "{never} leaked into the job: {text}");
+    }
+    assert_eq!(r.envoy.rec.count_of("halo.shadow_jobs.outcome.sent"), 1);
+}
+
+#[test]
+fn a_first_turn_is_mirrored_as_the_treatment_receives_it_piecewise() {
+    a_first_turn_is_mirrored_as_the_treatment_receives_it::<true>();
+}
+
+#[test]
+fn a_first_turn_is_mirrored_as_the_treatment_receives_it_buffered() {
+    a_first_turn_is_mirrored_as_the_treatment_receives_it::<false>();
+}
+
+fn later_turn() -> Vec<u8> {
+    json!({"model": "sonnet", "max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"}]})
+    .to_string()
+    .into_bytes()
+}
+
+#[test]
+fn later_turns_are_mirrored_only_with_turns_all() {
+    let body = later_turn();
+    let p = shadow_policy(
+        "first",
+        treatment_b(),
+        json!({"shadow": shadow_settings(1 << 20)}),
+    );
+    let r = fake::request(&p, shadowed_post::<true>(&body), &[&body], 200);
+    assert!(r.envoy.callouts.is_empty());
+    assert_eq!(
+        r.envoy.rec.count_of("halo.shadow_jobs.outcome.later_turn"),
+        1
+    );
+    assert_eq!(r.envoy.header("x-halo-route"), Some("sonnet-0"));
+
+    let p = shadow_policy(
+        "all",
+        treatment_b(),
+        json!({"shadow": shadow_settings(1 << 20)}),
+    );
+    let r = fake::request(&p, shadowed_post::<true>(&body), &[&body], 200);
+    assert_eq!(r.envoy.callouts.len(), 1);
+    assert_eq!(
+        envelope_of(&r.envoy.callouts[0])["body"]["messages"][1]["role"],
+        "assistant"
+    );
+}
+
+#[test]
+fn oversize_unconfigured_refused_and_killed_mirrors_send_nothing_and_the_call_goes_on() {
+    let body = messages("sonnet", 2000);
+    // Over maxBytes: counted, not sent.
+    let p = shadow_policy(
+        "first",
+        treatment_b(),
+        json!({"shadow": shadow_settings(1000)}),
+    );
+    let r = fake::request(&p, shadowed_post::<false>(&body), &[&body], 200);
+    assert!(r.envoy.callouts.is_empty());
+    assert_eq!(
+        r.envoy.rec.count_of("halo.shadow_jobs.outcome.too_large"),
+        1
+    );
+    assert_eq!(r.envoy.header("x-halo-route"), Some("sonnet-0"));
+    // No shadow settings: the decision names a mirror, nothing is built.
+    let p = shadow_policy("first", treatment_b(), json!({}));
+    let r = fake::request(&p, shadowed_post::<false>(&body), &[&body], 200);
+    assert!(r.envoy.callouts.is_empty());
+    // Envoy refuses the callout (its circuit breaker open): counted, the call goes on.
+    let p = shadow_policy(
+        "first",
+        treatment_b(),
+        json!({"shadow": shadow_settings(1 << 20)}),
+    );
+    let mut e = shadowed_post::<false>(&body);
+    e.refuse_callouts = true;
+    let r = fake::request(&p, e, &[&body], 200);
+    assert_eq!(r.envoy.rec.count_of("halo.shadow_jobs.outcome.not_sent"), 1);
+    assert_eq!(r.envoy.header("x-halo-route"), Some("sonnet-0"));
+    assert!(r.envoy.sent.is_none());
+    // Killed: the experiment is paused, nothing is decided, nothing is built or counted.
+    let signer = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+    let mut settings = kill_settings(7);
+    settings["shadow"] = shadow_settings(1 << 20);
+    let mut p = shadow_policy("all", treatment_b(), settings);
+    let killed = envelope(&signer, &["sonnet-shadow"], 5);
+    assert!(
+        p.enforced
+            .on_poll_answer(&p.cfg, Some(200), &killed, NOW, &p.rec)
+    );
+    let r = fake::request(&p, shadowed_post::<false>(&body), &[&body], 200);
+    assert!(r.envoy.callouts.is_empty());
+    for outcome in ["sent", "not_sent", "later_turn", "too_large", "not_served"] {
+        assert_eq!(
+            r.envoy
+                .rec
+                .count_of(&format!("halo.shadow_jobs.outcome.{outcome}")),
+            0
+        );
+    }
+}
+
+#[test]
+fn a_treatment_of_another_kind_gets_its_translation_without_client_credentials() {
+    let target = json!({"upstream": "br", "model": "anthropic.claude-sonnet-4-5-v1:0"});
+    let p = shadow_policy(
+        "first",
+        target,
+        json!({"shadow": shadow_settings(1 << 20), "forwardAuth": true}),
+    );
+    let body = messages("sonnet", 10);
+    let r = fake::request(&p, shadowed_post::<true>(&body), &[&body], 200);
+    let job = envelope_of(&r.envoy.callouts[0]);
+    assert_eq!(job["upstream"], "br");
+    assert_eq!(
+        job["path"],
+        "/model/anthropic.claude-sonnet-4-5-v1%3A0/invoke"
+    );
+    assert_eq!(
+        job["body"]["model"],
+        Value::Null,
+        "Bedrock takes the model in the path"
+    );
+    assert!(job["body"]["anthropic_version"].is_string());
+    // With forwardAuth the live call keeps the client's credential; a job never does.
+    let text = String::from_utf8_lossy(&r.envoy.callouts[0].body);
+    assert!(
+        !text.contains("Bearer tok") && !text.contains("client-key"),
+        "{text}"
+    );
+}
+
+#[test]
+fn first_turns_are_read_from_each_wire() {
+    use crate::shadow::first_turn;
+    use halo_policy::types::WireProtocol::*;
+    let yes = |w, v: Value| assert!(first_turn(w, v.to_string().as_bytes()), "{v}");
+    let no = |w, v: Value| assert!(!first_turn(w, v.to_string().as_bytes()), "{v}");
+    yes(
+        AnthropicMessages,
+        json!({"messages": [{"role": "user", "content": "a"}]}),
+    );
+    yes(
+        AnthropicMessages,
+        json!({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}),
+    );
+    no(
+        AnthropicMessages,
+        json!({"messages": [{"role": "user"}, {"role": "assistant"}, {"role": "user"}]}),
+    );
+    no(AnthropicMessages, json!({"messages": 3}));
+    yes(OpenaiResponses, json!({"input": "hello"}));
+    yes(
+        OpenaiResponses,
+        json!({"input": [{"role": "user", "content": "a"}]}),
+    );
+    no(
+        OpenaiResponses,
+        json!({"input": "more", "previous_response_id": "resp_1"}),
+    );
+    no(
+        OpenaiResponses,
+        json!({"input": [{"role": "user"}, {"type": "function_call_output", "output": "x"}]}),
+    );
+    no(
+        OpenaiResponses,
+        json!({"input": [{"role": "user"}, {"role": "assistant"}]}),
+    );
+    yes(
+        Gemini,
+        json!({"contents": [{"role": "user", "parts": [{"text": "a"}]}]}),
+    );
+    no(
+        Gemini,
+        json!({"contents": [{"role": "user"}, {"role": "model"}, {"role": "user"}]}),
+    );
+    yes(BedrockInvoke, json!({"messages": [{"role": "user"}]}));
+}

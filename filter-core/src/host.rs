@@ -127,6 +127,18 @@ pub trait Host: Telemetry {
     /// `model`): the request filter's response side reads which target served.
     fn served_metadata(&self, key: &str) -> Option<String>;
 
+    /// Send `body` with `headers` (pseudo-headers included) to `cluster` as an HTTP
+    /// callout Envoy runs on its own, answered nowhere: the stream does not wait for it.
+    /// False when Envoy refused to start it (no such cluster, its circuit breaker open).
+    /// A callout still running when the stream ends is cancelled by Envoy.
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool;
+
     /// The response body passed to the current response-body hook.
     fn response_body(&self) -> Vec<u8>;
     /// Replace the response body passed to the current response-body hook.

@@ -15,6 +15,8 @@
 //!   outcomes of earlier calls' attempts.
 //! - [`account`]: the response side of a decided call: usage, cost and time to first
 //!   byte, written where Envoy's OpenTelemetry access logger reads them.
+//! - [`shadow`]: shadow jobs: a sampled call as the shadow variant's target must receive
+//!   it, for the mirror service, sent without the live call waiting.
 //! - [`metrics`]: the counters, named once for both builds.
 //! - [`cidr`]: trusted proxy prefixes. [`claims`], [`jwt`]: verified claims as Envoy
 //!   hands them to each build.
@@ -34,6 +36,7 @@ pub mod killstate;
 pub mod metrics;
 pub mod pipeline;
 pub mod request;
+pub mod shadow;
 pub mod stage;
 
 #[cfg(test)]

@@ -59,6 +59,11 @@ pub enum Counter<'a> {
     /// Attempts refused 502 `upstream_auth_error` because the gateway has no key for
     /// their upstream (its environment variable or file missing), by upstream.
     UpstreamAuthErrors { upstream: &'a str },
+    /// Shadow jobs of decided mirrors by outcome: `sent` (handed to Envoy), `not_sent`
+    /// (Envoy refused to start the callout), or why none was built (`later_turn`,
+    /// `too_large`, `not_served`: [`crate::shadow::Skip`]). What became of a sent job is
+    /// in Envoy's own stats of the mirror service's cluster.
+    ShadowJobs { outcome: &'a str },
 }
 
 /// How a token is billed (halo-providers' `usage::Usage` fields).
@@ -125,9 +130,13 @@ pub const UPSTREAM_AUTH_ERRORS: Definition = Definition {
     name: "upstream_auth_errors",
     tags: &["upstream"],
 };
+pub const SHADOW_JOBS: Definition = Definition {
+    name: "shadow_jobs",
+    tags: &["outcome"],
+};
 
 /// Every counter.
-pub const ALL: [Definition; 9] = [
+pub const ALL: [Definition; 10] = [
     REQUESTS,
     AUTH_FAILURES,
     DECISIONS,
@@ -137,6 +146,7 @@ pub const ALL: [Definition; 9] = [
     TOKENS,
     COST_MICRO_USD,
     UPSTREAM_AUTH_ERRORS,
+    SHADOW_JOBS,
 ];
 
 /// The prefix of every counter name (and of every Prometheus label name).
@@ -162,6 +172,7 @@ impl Counter<'_> {
             Counter::Tokens { .. } => TOKENS,
             Counter::CostMicroUsd { .. } => COST_MICRO_USD,
             Counter::UpstreamAuthErrors { .. } => UPSTREAM_AUTH_ERRORS,
+            Counter::ShadowJobs { .. } => SHADOW_JOBS,
         }
     }
 
@@ -186,7 +197,9 @@ impl Counter<'_> {
                 variant.unwrap_or("none").to_string(),
                 source.to_string(),
             ],
-            Counter::KillswitchFetch { outcome } => vec![outcome.to_string()],
+            Counter::KillswitchFetch { outcome } | Counter::ShadowJobs { outcome } => {
+                vec![outcome.to_string()]
+            }
             Counter::UpstreamAuthErrors { upstream } => vec![upstream.to_string()],
             Counter::Tokens {
                 ring,

@@ -16,15 +16,18 @@ use halo_policy::decide::UNKNOWN_RING;
 use halo_policy::types::{Target, WireProtocol};
 
 use crate::account::Account;
+use crate::attempt::Note;
 use crate::attempt::{self};
 use crate::breaker::Failover;
 use crate::cidr;
-use crate::config::{Config, IdentityMode};
+use crate::config::{Config, IdentityMode, ShadowSettings};
 use crate::host::{Host, Level, Next};
 use crate::hygiene;
 use crate::metrics::Counter;
 use crate::pipeline::{self, Forward, Head, Pending, PrefixEdit, Reply};
+use crate::shadow;
 use halo_envoy_config::names::KEY_MISSING_HEADER;
+use halo_policy::decide::{Caller, Decision, ShadowMirror};
 
 /// The message of the answer when every target of a model call failed.
 pub const ALL_FAILED_MESSAGE: &str =
@@ -257,16 +260,19 @@ impl RequestFlow {
         match pipeline::on_body(cfg, &snap, &pending, &body, scanned, &mut admit) {
             Err(reply) => self.reply(host, reply),
             Ok(forward) => {
-                self.apply(host, cfg, forward, &body, in_body);
+                self.apply(host, cfg, &snap, &pending, forward, &body, in_body);
                 Next::Continue
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn apply<H: Host>(
         &mut self,
         host: &mut H,
         cfg: &Config,
+        snap: &Snapshot,
+        pending: &Pending,
         mut forward: Forward,
         body: &[u8],
         in_body: bool,
@@ -308,6 +314,13 @@ impl RequestFlow {
             // nothing else changes them in between, and each read from Envoy is a call.
             note.headers = attempt::noted_headers(&self.headers, &self.removals);
             host.set_attempt_note(&note.encode(forward.first_pick.as_ref()));
+            if let (Some(settings), Some(decision)) = (&cfg.shadow, &forward.decision)
+                && let Some(mirror) = &decision.shadow
+            {
+                mirror_call(
+                    host, settings, snap, pending, decision, mirror, &note, &forward, body,
+                );
+            }
         }
         for (name, value) in &forward.stamps {
             host.set_request_header(name, Some(value));
@@ -442,6 +455,58 @@ impl RequestFlow {
             status,
         });
     }
+}
+
+/// Build the shadow job of a decided call ([`shadow`]) and hand it to Envoy, which sends
+/// it on its own: the live call goes on at once, whatever becomes of the job.
+#[allow(clippy::too_many_arguments)]
+fn mirror_call<H: Host>(
+    host: &mut H,
+    settings: &ShadowSettings,
+    snap: &Snapshot,
+    pending: &Pending,
+    decision: &Decision,
+    mirror: &ShadowMirror,
+    note: &Note,
+    forward: &Forward,
+    received: &[u8],
+) {
+    let Caller::Verified(subject) = &pending.caller else {
+        return;
+    };
+    // Every attempt starts from the body as the request filter leaves it.
+    let edited;
+    let body = match &forward.body {
+        Some(edit) => {
+            edited = edit.apply(received);
+            edited.as_slice()
+        }
+        None => received,
+    };
+    let call = shadow::Call {
+        snap,
+        mirror,
+        ring: &decision.ring,
+        user: &subject.user,
+        pick_key: pending.pick_key.as_deref(),
+        alias: &decision.alias,
+        note,
+        body,
+        now_unix_ms: u64::try_from(host.now().as_millis()).unwrap_or(u64::MAX),
+    };
+    let outcome = match shadow::build(settings, &call) {
+        Err(skip) => skip.as_str(),
+        Ok(job) => {
+            let envelope = job.envelope();
+            let headers = shadow::callout_headers(settings, envelope.len());
+            if host.dispatch(&settings.cluster, &headers, &envelope, settings.timeout_ms) {
+                shadow::SENT
+            } else {
+                shadow::NOT_SENT
+            }
+        }
+    };
+    host.count(Counter::ShadowJobs { outcome });
 }
 
 /// Whether an answer with `status`, which Envoy describes as `details` (its response

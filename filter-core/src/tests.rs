@@ -99,6 +99,22 @@ fn bad_configurations_are_refused_naming_the_field() {
             json!({"killSwitch": {"cluster": "k", "url": "https://h/k", "token": "t", "pubkey": kill_pem(1), "intervalSeconds": 0}}),
             "intervalSeconds",
         ),
+        (
+            json!({"shadow": {"cluster": "s", "url": "http://halo-server.halos:9445/mirror", "token": "t"}}),
+            "shadow.url: plain http",
+        ),
+        (
+            json!({"shadow": {"cluster": "s", "url": "https://h/mirror"}}),
+            "shadow.token: the shadow token is required",
+        ),
+        (
+            json!({"shadow": {"cluster": "s", "url": "https://h/mirror", "token": "t", "maxBytes": 0}}),
+            "shadow.maxBytes",
+        ),
+        (
+            json!({"shadow": {"cluster": "s", "url": "https://h/mirror", "token": "t", "extra": 1}}),
+            "shadow.extra: unknown field",
+        ),
     ];
     for (settings, needle) in cases {
         let err = config(settings.clone()).expect_err(&settings.to_string());

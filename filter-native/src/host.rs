@@ -54,6 +54,7 @@ impl Telemetry for NativeHost<'_> {
             }
             Counter::KillswitchFetch { .. }
             | Counter::UpstreamAuthErrors { .. }
+            | Counter::ShadowJobs { .. }
             | Counter::AttemptRewrites
             | Counter::Panics => match id {
                 Some(id) => self.s.increment(id, &counter.values(), amount),
@@ -209,5 +210,25 @@ impl Host for NativeHost<'_> {
 
     fn set_response_body(&mut self, bytes: &[u8]) {
         self.s.replace_received_response_body(bytes);
+    }
+
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool {
+        let mut pairs: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        // The ABI's callout requires `host` beside `:authority` (as the kill-list poll's).
+        if let Some((_, authority)) = headers.iter().find(|(n, _)| n == ":authority")
+            && !headers.iter().any(|(n, _)| n == "host")
+        {
+            pairs.push(("host", authority.as_str()));
+        }
+        self.s.call_out(cluster, &pairs, body, timeout_ms)
     }
 }

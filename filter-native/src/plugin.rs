@@ -26,7 +26,7 @@ use crate::ffi::envoy::{ConfigHandle, ConfigPtr, MainThread, Scheduler, log};
 /// A filter configuration.
 pub enum Plugin {
     Request(Box<RequestPlugin>),
-    Attempt(AttemptPlugin),
+    Attempt(Box<AttemptPlugin>),
 }
 
 /// Counter ids of one configuration (defined while Envoy builds it: later is too late),
@@ -42,6 +42,7 @@ pub struct Meter {
     pub tokens: Option<usize>,
     pub cost_micro_usd: Option<usize>,
     pub upstream_auth_errors: Option<usize>,
+    pub shadow_jobs: Option<usize>,
     /// Counts waiting for the next tick.
     pub tally: Tally,
 }
@@ -59,6 +60,7 @@ impl Meter {
             Counter::Tokens { .. } => self.tokens,
             Counter::CostMicroUsd { .. } => self.cost_micro_usd,
             Counter::UpstreamAuthErrors { .. } => self.upstream_auth_errors,
+            Counter::ShadowJobs { .. } => self.shadow_jobs,
         }
     }
 }
@@ -211,9 +213,9 @@ impl Plugin {
         let cfg = match Decoded::from_bytes_with_env(bytes, &env).map_err(|e| e.to_string())? {
             Decoded::Attempt => {
                 // No counters of its own: its counts go to [`STAGE_COUNTS`].
-                return Ok(Plugin::Attempt(AttemptPlugin {
+                return Ok(Plugin::Attempt(Box::new(AttemptPlugin {
                     meter: Meter::default(),
-                }));
+                })));
             }
             Decoded::Request(cfg) => *cfg,
         };
@@ -227,6 +229,7 @@ impl Plugin {
             tokens: define(envoy, metrics::TOKENS),
             cost_micro_usd: define(envoy, metrics::COST_MICRO_USD),
             upstream_auth_errors: define(envoy, metrics::UPSTREAM_AUTH_ERRORS),
+            shadow_jobs: define(envoy, metrics::SHADOW_JOBS),
             tally: Tally::default(),
         };
         let start = Starting {

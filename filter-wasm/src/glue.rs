@@ -459,7 +459,38 @@ impl Host for WasmHost<'_> {
     fn set_response_body(&mut self, bytes: &[u8]) {
         let _ = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, self.body_size, bytes);
     }
+
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        // Through the SDK's Context method, which registers the call with the stream's
+        // context: an answer for an unregistered token would trap the VM. The stream's
+        // context ignores the answer ([`Http`]'s Context is the default).
+        Callout
+            .dispatch_http_call(
+                cluster,
+                headers,
+                Some(body),
+                vec![],
+                Duration::from_millis(timeout_ms),
+            )
+            .is_ok()
+    }
 }
+
+/// Starts a stream's callouts ([`Host::dispatch`]): the SDK's Context methods need a
+/// Context, and this one holds nothing (the answer goes to the stream's own context).
+struct Callout;
+
+impl Context for Callout {}
 
 fn action(next: Next) -> Action {
     match next {

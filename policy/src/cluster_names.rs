@@ -313,6 +313,20 @@ pub struct EndpointFacts {
 }
 
 impl EndpointFacts {
+    /// The facts of a target of `upstream` serving `model`, whose URL's host is `host`:
+    /// the gateway plan writes them on the target's endpoint; a shadow job is built from
+    /// them as an attempt on that endpoint would be.
+    pub fn of(upstream: &crate::types::Upstream, model: &str, host: &str) -> EndpointFacts {
+        EndpointFacts {
+            model: model.to_string(),
+            kind: upstream.kind.as_str().to_string(),
+            host: host.to_string(),
+            region: upstream.region.clone(),
+            project: upstream.project.clone(),
+            api_version: upstream.api_version.clone(),
+        }
+    }
+
     /// The metadata value.
     pub fn encode(&self) -> String {
         // A struct of strings always serializes.

@@ -636,6 +636,9 @@ pub struct GatewayOptions {
     pub default_upstream: Option<String>,
     /// The target breakers' settings (the gateway setting `breaker`; default 5 / 30 s).
     pub breaker: halo_envoy_config::plan::Breaker,
+    /// The mirror service shadow jobs go to (the gateway settings' `shadowUrl`; the token
+    /// and maxBytes are `settings.shadow`'s).
+    pub shadow_url: Option<String>,
 }
 
 impl Default for GatewayOptions {
@@ -654,6 +657,7 @@ impl Default for GatewayOptions {
             next_hop: None,
             default_upstream: None,
             breaker: halo_envoy_config::plan::Breaker::default(),
+            shadow_url: None,
         }
     }
 }
@@ -696,6 +700,7 @@ impl Gateway {
                     |f| f.display().to_string(),
                 ),
                 breaker: opts.breaker,
+                shadow_url: opts.shadow_url,
                 ..halo_envoy_config::plan::GatewaySettings::default()
             }
             .with_filter_settings(opts.settings)

@@ -6,7 +6,7 @@ use envoy_types::pb::envoy::config::accesslog::v3::{
     AccessLog, AccessLogFilter, HeaderFilter, access_log, access_log_filter,
 };
 use envoy_types::pb::envoy::config::cluster::v3::{
-    Cluster,
+    CircuitBreakers, Cluster, circuit_breakers,
     cluster::{ClusterDiscoveryType, CustomClusterType, DiscoveryType, DnsLookupFamily, LbPolicy},
 };
 use envoy_types::pb::envoy::config::core::v3::Address;
@@ -119,13 +119,14 @@ pub fn resources(plan: &Plan) -> Vec<Resource> {
     }
     // The JWKS cluster jwt_authn fetches keys through, the kill-list cluster the filter's
     // poll (the fallback to the pushed kill list) goes through, and the evidence
-    // receiver's, which the OpenTelemetry access logger sends to, and the default
-    // upstream's.
+    // receiver's, which the OpenTelemetry access logger sends to, the default
+    // upstream's, and the mirror service's (the filter's shadow jobs).
     for s in [
         &plan.listener.jwks,
         &plan.listener.killswitch,
         &plan.listener.evidence,
         &plan.listener.default_upstream,
+        &plan.listener.shadow,
     ]
     .into_iter()
     .flatten()
@@ -607,8 +608,20 @@ pub fn service_cluster(j: &ServicePlan) -> Cluster {
             any(&options),
         );
     }
+    let limit = |n: u32| Some(UInt32Value { value: n });
+    let circuit_breakers = j.max_in_flight.map(|n| CircuitBreakers {
+        thresholds: vec![circuit_breakers::Thresholds {
+            max_connections: limit(n),
+            max_pending_requests: limit(n),
+            max_requests: limit(n),
+            max_retries: limit(0),
+            ..circuit_breakers::Thresholds::default()
+        }],
+        ..CircuitBreakers::default()
+    });
     Cluster {
         typed_extension_protocol_options,
+        circuit_breakers,
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: j.cluster.clone(),
             endpoints: vec![LocalityLbEndpoints {

@@ -48,6 +48,14 @@ fn buf(s: &str) -> ModuleBuffer<'_> {
     ModuleBuffer::of(s.as_bytes())
 }
 
+/// A callout's headers as the ABI borrows them for one call.
+fn module_headers<'a>(headers: &[(&'a str, &'a str)]) -> Vec<ModuleHeader<'a>> {
+    headers
+        .iter()
+        .map(|(n, v)| ModuleHeader::of(n, v))
+        .collect()
+}
+
 impl Stream<'_> {
     /// # Safety
     /// `ptr` is the `filter_envoy_ptr` of the hook being run, and the stream is used only
@@ -303,6 +311,34 @@ impl Stream<'_> {
                 );
             }
         }
+    }
+
+    /// Start a callout of this stream to `cluster` (headers must include `:method`,
+    /// `:path` and `host`) carrying `body`, whose answer nobody waits for (it comes to
+    /// `http_callout_done`, which ignores it; Envoy cancels the call if the stream ends
+    /// first). False when Envoy refused to start it.
+    pub fn call_out(
+        self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> bool {
+        let headers = module_headers(headers);
+        let mut id = 0u64;
+        // SAFETY: live stream (type invariant); Envoy copies every buffer before returning.
+        let result = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_http_callout(
+                self.ptr,
+                &mut id,
+                buf(cluster),
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                timeout_ms,
+            )
+        };
+        result == abi::CALLOUT_INIT_SUCCESS
     }
 
     /// Store `value` in the stream's filter state under `key` (upstream filters of every
@@ -576,10 +612,7 @@ impl ConfigHandle<'_> {
     /// Start a GET-style call to `cluster` (headers must include `:method`, `:path` and
     /// `host`); its answer comes to `config_http_callout_done` with the returned id.
     pub fn call_out(self, cluster: &str, headers: &[(&str, &str)], timeout_ms: u64) -> Option<u64> {
-        let headers: Vec<ModuleHeader> = headers
-            .iter()
-            .map(|(n, v)| ModuleHeader::of(n, v))
-            .collect();
+        let headers = module_headers(headers);
         let mut id = 0u64;
         // SAFETY: live configuration, main thread; Envoy copies every buffer.
         let result = unsafe {

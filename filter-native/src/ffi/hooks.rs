@@ -244,7 +244,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             Box::into_raw(Box::new(Config::Request(Arc::new(*p)))).cast()
         }
         Some(Ok(Plugin::Attempt(p))) => {
-            Box::into_raw(Box::new(Config::Attempt(Arc::new(p)))).cast()
+            Box::into_raw(Box::new(Config::Attempt(Arc::new(*p)))).cast()
         }
         Some(Err(e)) => {
             log(Level::Critical, &e);

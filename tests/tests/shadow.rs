@@ -1,0 +1,373 @@
+//! Shadow experiments through a real Envoy (issue #24): the filter builds a job for each
+//! eligible step of an enrolled caller and hands it to Envoy as a callout to the mirror
+//! service's cluster, and the live call never waits for it. One Envoy for the binary
+//! (the build under test: `HALO_FILTER=native` runs the native one).
+//!
+//! The mirror service here is a recording endpoint speaking the `POST /mirror` wire (the
+//! envelope of halo-filter-core's `shadow`), so each test can see exactly what left the
+//! gateway and can make the service slow, failing or gone.
+
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use halo_e2e::*;
+use halo_policy::Snapshot;
+use serde_json::{Value, json};
+
+const SHADOW_TOKEN: &str = "shadow-3f9a1c0e5b7d2468ace013579bdf2468";
+/// How long a job may take to arrive (Envoy sends it while the live call runs).
+const ARRIVAL: Duration = Duration::from_secs(10);
+
+/// How the recording mirror service answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// 202, as halo-server takes a job.
+    Take,
+    /// Answers 202 after this long.
+    Slow(Duration),
+    /// 500.
+    Fail,
+}
+
+/// One job as the mirror service received it.
+#[derive(Debug, Clone)]
+struct Received {
+    authorization: Option<String>,
+    envelope: Value,
+}
+
+#[derive(Clone)]
+struct Mirror {
+    url: String,
+    jobs: Arc<Mutex<Vec<Received>>>,
+    mode: Arc<Mutex<Mode>>,
+    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Mirror {
+    async fn start() -> Mirror {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let url = format!("http://{}/mirror", listener.local_addr().expect("addr"));
+        let jobs = Arc::new(Mutex::new(Vec::new()));
+        let mode = Arc::new(Mutex::new(Mode::Take));
+        let (j, m) = (jobs.clone(), mode.clone());
+        let router = axum::Router::new()
+            .route(
+                "/mirror",
+                axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+                    let (j, m) = (j.clone(), m.clone());
+                    async move {
+                        j.lock().expect("jobs").push(Received {
+                            authorization: headers
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_string),
+                            envelope: serde_json::from_slice(&body).unwrap_or(Value::Null),
+                        });
+                        let mode = *m.lock().expect("mode");
+                        match mode {
+                            Mode::Take => StatusCode::ACCEPTED.into_response(),
+                            Mode::Slow(d) => {
+                                tokio::time::sleep(d).await;
+                                StatusCode::ACCEPTED.into_response()
+                            }
+                            Mode::Fail => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                        }
+                    }
+                }),
+            )
+            .layer(axum::extract::DefaultBodyLimit::disable());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Mirror {
+            url,
+            jobs,
+            mode,
+            task: Arc::new(Mutex::new(Some(task))),
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().expect("mode") = mode;
+    }
+
+    /// Stop listening: connections are refused from now on.
+    fn stop(&self) {
+        if let Some(task) = self.task.lock().expect("task").take() {
+            task.abort();
+        }
+    }
+
+    fn jobs(&self) -> Vec<Received> {
+        self.jobs.lock().expect("jobs").clone()
+    }
+
+    /// The jobs whose body carries `marker` (each request of a test carries its own).
+    fn with_marker(&self, marker: &str) -> Vec<Received> {
+        self.jobs()
+            .into_iter()
+            .filter(|j| j.envelope["body"].to_string().contains(marker))
+            .collect()
+    }
+
+    async fn wait_for(&self, marker: &str) -> Received {
+        let deadline = Instant::now() + ARRIVAL;
+        loop {
+            if let Some(job) = self.with_marker(marker).into_iter().next() {
+                return job;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no job carrying {marker} within {ARRIVAL:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The test policy plus three shadow experiments, each on its own alias whose live target
+/// is prov-a: `sh-first` (turns: first), `sh-all` (turns: all), `sh-killed` (killed by the
+/// kill list from the start). Every variant weight is on the treatment, so every caller
+/// in the rings is mirrored.
+fn snapshot(issuer: &str, p: &Providers) -> Snapshot {
+    let mut doc = serde_json::to_value(test_snapshot(issuer, p)).expect("snapshot json");
+    let experiment = |name: &str, alias: &str, turns: &str| {
+        json!({"name": name, "type": "shadow", "axis": "traffic", "status": "running",
+               "rings": ["canary", "general"], "salt": format!("{name}-salt"), "shadowTurns": turns,
+               "variants": [{"name": "control", "weight": 0},
+                            {"name": "treatment", "weight": 100,
+                             "routes": {alias: [{"upstream": "prov-b", "model": format!("{alias}-treatment")}]}}]})
+    };
+    for (name, alias, turns) in [
+        ("sh-first", "sh1", "first"),
+        ("sh-all", "sh2", "all"),
+        ("sh-killed", "sh3", "all"),
+    ] {
+        doc["models"][alias] = json!([{"upstream": "prov-a", "model": format!("{alias}-live")}]);
+        doc["experiments"]
+            .as_array_mut()
+            .expect("experiments")
+            .push(experiment(name, alias, turns));
+    }
+    Snapshot::from_bytes(doc.to_string().as_bytes()).expect("snapshot decodes")
+}
+
+struct Setup {
+    issuer: Issuer,
+    providers: Providers,
+    mirror: Mirror,
+    _kill: KillServer,
+    gw: Gateway,
+}
+
+async fn setup() -> Setup {
+    let issuer = Issuer::start().await;
+    let providers = Providers::start().await;
+    let mirror = Mirror::start().await;
+    let kill = KillServer::start().await;
+    kill.serve_kills(&["sh-killed"], &[]);
+    let gw = Gateway::start(
+        snapshot(&issuer.url, &providers),
+        GatewayOptions {
+            settings: json!({
+                "killSwitch": {"token": KILL_TOKEN, "pubkey": kill.pubkey_pem(), "intervalSeconds": 1},
+                // A service that took 20 s to take a job would hold a live call that
+                // waited for it 20 s: the bound below sees it.
+                "shadow": {"token": SHADOW_TOKEN, "maxBytes": 64 * 1024, "timeoutMs": 20_000},
+            }),
+            killswitch_url: Some(kill.url.clone()),
+            shadow_url: Some(mirror.url.clone()),
+            ..GatewayOptions::default()
+        },
+    );
+    let s = Setup {
+        issuer,
+        providers,
+        mirror,
+        _kill: kill,
+        gw,
+    };
+    // The kill list is in force once a killed experiment's call goes to control.
+    let deadline = Instant::now() + ARRIVAL;
+    while series(&s.gw, "halo_killswitch_fetch{halo_outcome=\"accepted\"}") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the kill list was never accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s
+}
+
+impl Setup {
+    fn token(&self) -> String {
+        bearer(&self.issuer.token("alice@acme.test", &[]))
+    }
+
+    /// A Claude Code call for `alias` from alice with every header a job must not carry.
+    async fn call(&self, body: &Value) -> (Answer, Duration) {
+        let token = self.token();
+        let started = Instant::now();
+        let answer = self
+            .gw
+            .post(
+                "/v1/messages",
+                &[
+                    ("authorization", token.as_str()),
+                    ("x-api-key", "client-key-do-not-forward"),
+                    ("cookie", "sid=cookie-do-not-forward"),
+                    ("x-claude-code-session-id", "session-do-not-forward"),
+                    ("x-halo-experiment", "forged-do-not-forward"),
+                    ("anthropic-version", "2023-06-01"),
+                    ("content-type", "application/json"),
+                ],
+                body,
+            )
+            .await;
+        (answer, started.elapsed())
+    }
+}
+
+fn first_turn(alias: &str, marker: &str) -> Value {
+    json!({"model": alias, "max_tokens": 5, "messages": [{"role": "user", "content": marker}]})
+}
+
+fn later_turn(alias: &str, marker: &str) -> Value {
+    json!({"model": alias, "max_tokens": 5, "messages": [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "answer"},
+        {"role": "user", "content": marker}]})
+}
+
+fn series(gw: &Gateway, name: &str) -> u64 {
+    gw.filter_series()
+        .iter()
+        .filter(|(k, _)| k.starts_with(name))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_jobs_through_envoy() {
+    let s = setup().await;
+
+    // 1. A first turn of an enrolled caller is mirrored once, as the treatment's target
+    //    must receive it, with none of the client's credentials or identity.
+    let (answer, _) = s.call(&first_turn("sh1", "marker-first-1")).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(
+        answer.json()["model"],
+        "sh1-live",
+        "the live call is control's"
+    );
+    let job = s.mirror.wait_for("marker-first-1").await;
+    assert_eq!(
+        job.authorization.as_deref(),
+        Some(format!("Bearer {SHADOW_TOKEN}").as_str())
+    );
+    let e = &job.envelope;
+    assert_eq!(e["experiment"], "sh-first");
+    assert_eq!(e["variant"], "treatment");
+    assert_eq!(e["upstream"], "prov-b");
+    assert_eq!(e["model"], "sh1-treatment");
+    assert_eq!(e["body"]["model"], "sh1-treatment");
+    assert_eq!(e["path"], "/v1/messages");
+    assert_eq!(
+        e["headers"],
+        json!([
+            ["anthropic-version", "2023-06-01"],
+            ["content-type", "application/json"],
+            ["accept", "*/*"]
+        ])
+    );
+    let text = e.to_string();
+    for never in ["do-not-forward", "alice@acme.test", "Bearer ey"] {
+        assert!(!text.contains(never), "{never} in a job: {text}");
+    }
+    // The treatment's provider is not called by the gateway itself: the job is the
+    // mirror service's to send.
+    assert!(
+        s.providers
+            .b
+            .seen()
+            .iter()
+            .all(|r| r.json()["model"] != "sh1-treatment")
+    );
+
+    // 2. A later turn is not mirrored with turns: first (a first turn sent after it
+    //    arrives, so the later one would have too), and is with turns: all.
+    s.call(&later_turn("sh1", "marker-later-1")).await;
+    s.call(&first_turn("sh1", "marker-first-2")).await;
+    s.mirror.wait_for("marker-first-2").await;
+    assert!(s.mirror.with_marker("marker-later-1").is_empty());
+    s.call(&later_turn("sh2", "marker-later-all")).await;
+    let job = s.mirror.wait_for("marker-later-all").await;
+    assert_eq!(job.envelope["experiment"], "sh-all");
+    assert_eq!(job.envelope["body"]["messages"][1]["role"], "assistant");
+    assert_eq!(
+        s.mirror.with_marker("marker-first-1").len(),
+        1,
+        "mirrored once"
+    );
+
+    // 3. A killed shadow experiment mirrors nothing.
+    s.call(&first_turn("sh3", "marker-killed")).await;
+    s.call(&first_turn("sh1", "marker-after-killed")).await;
+    s.mirror.wait_for("marker-after-killed").await;
+    assert!(s.mirror.with_marker("marker-killed").is_empty());
+
+    // 4. Over maxBytes: not mirrored, counted; the call is served.
+    let big = "x".repeat(70 * 1024);
+    let (answer, _) = s
+        .call(&first_turn("sh1", &format!("marker-big{big}")))
+        .await;
+    assert_eq!(answer.status, 200);
+    assert!(series(&s.gw, "halo_shadow_jobs{halo_outcome=\"too_large\"}") >= 1);
+
+    // 5. The live call's answer is the same bytes and on time whatever the mirror
+    //    service does: taking, slow (10 s), failing (500), stopped.
+    let reference = |marker: &str| first_turn("sh1", marker);
+    let (baseline, baseline_time) = s.call(&reference("marker-ref")).await;
+    s.mirror.wait_for("marker-ref").await;
+    let bound = baseline_time + Duration::from_secs(2);
+    let check = |(answer, took): (Answer, Duration), what: &str| {
+        assert_eq!(answer.status, baseline.status, "{what}");
+        // The provider echoes the model and path: byte-identical to the reference call.
+        assert_eq!(answer.body, baseline.body, "{what}: the answer changed");
+        assert!(
+            took < bound,
+            "{what}: the live call took {took:?} (reference {baseline_time:?})"
+        );
+    };
+    s.mirror.set(Mode::Slow(Duration::from_secs(10)));
+    for i in 0..3 {
+        check(
+            s.call(&reference("marker-ref")).await,
+            &format!("slow mirror, call {i}"),
+        );
+    }
+    s.mirror.set(Mode::Fail);
+    check(s.call(&reference("marker-ref")).await, "failing mirror");
+    s.mirror.stop();
+    check(s.call(&reference("marker-ref")).await, "stopped mirror");
+
+    // Counted: jobs built and handed over, in the filter's series; their fate in Envoy's
+    // own stats of the mirror service's cluster.
+    assert!(series(&s.gw, "halo_shadow_jobs{halo_outcome=\"sent\"}") >= 4);
+    assert!(series(&s.gw, "halo_shadow_jobs{halo_outcome=\"later_turn\"}") >= 1);
+    assert!(
+        s.gw.prometheus_sum(
+            "envoy_cluster_upstream_rq_completed{envoy_cluster_name=\"halo-shadow\"}"
+        ) >= 4
+    );
+}
