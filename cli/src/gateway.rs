@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Subcommand;
 use halo_policy::assign::sticky_key;
+use halo_policy::budgets;
 use halo_policy::decide::{Caller, Decision, Subject, decide};
 use halo_policy::route::{route_order, skipped_by};
+use halo_policy::types::{AtLimit, BudgetCount};
 use halo_policy::{Harness, Snapshot, compile};
 use tabwriter::TabWriter;
 
@@ -151,15 +153,62 @@ pub fn write_routes(
             )?;
         }
     }
+    write_table(out, table)?;
+    if let (Some(subject), Some(ring)) = (subject, ring) {
+        writeln!(out, "Ring: {ring}")?;
+        write_budgets(out, snapshot, subject, &ring)?;
+    }
+    Ok(())
+}
+
+/// The budgets that apply to `subject` in `ring` ([`halo_policy::budgets::applying`], the
+/// filter's own answer): one line each, with whose count it is and what happens at its
+/// limit; nothing when the policy has no budgets.
+fn write_budgets(
+    out: &mut dyn Write,
+    snapshot: &Snapshot,
+    subject: &Subject,
+    ring: &str,
+) -> std::io::Result<()> {
+    if snapshot.budgets.is_empty() {
+        return Ok(());
+    }
+    let applying = budgets::applying(snapshot, subject, ring);
+    if applying.is_empty() {
+        return writeln!(out, "Budgets: none apply");
+    }
+    writeln!(out, "Budgets (each is checked; any one spent refuses):")?;
+    let mut table = TabWriter::new(Vec::new()).padding(2);
+    writeln!(table, "BUDGET\tLIMIT\tCOUNT\tAT LIMIT")?;
+    for a in applying {
+        let count = match a.budget.count {
+            BudgetCount::PerUser => "per user",
+            BudgetCount::Pooled => "pooled",
+        };
+        let at_limit = match &a.budget.at_limit {
+            AtLimit::Refuse => "refuse (429)".to_string(),
+            AtLimit::RouteTo(routes) => {
+                let routes: Vec<String> = routes.iter().map(|(f, t)| format!("{f}->{t}")).collect();
+                format!("routeTo {} (not enforced yet: refuses)", routes.join(","))
+            }
+        };
+        writeln!(
+            table,
+            "{}\t{}\t{count}\t{at_limit}",
+            a.name,
+            budgets::describe(a.budget)
+        )?;
+    }
+    write_table(out, table)
+}
+
+/// A finished table, each line without trailing blanks (the last column is not padded).
+fn write_table(out: &mut dyn Write, table: TabWriter<Vec<u8>>) -> std::io::Result<()> {
     let table = table
         .into_inner()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    // The last column is not padded: no trailing blanks when NOTES is empty.
     for line in String::from_utf8_lossy(&table).lines() {
         writeln!(out, "{}", line.trim_end())?;
-    }
-    if let (Some(_), Some(ring)) = (subject, ring) {
-        writeln!(out, "Ring: {ring}")?;
     }
     Ok(())
 }

@@ -255,6 +255,50 @@ fn routes_prints_the_table_for_a_user() {
 }
 
 #[test]
+fn routes_shows_the_budgets_that_apply_to_the_user() {
+    let dir = example_copy();
+    let gateway = dir.path().join("gateway.yaml");
+    let text = fs::read_to_string(&gateway).unwrap();
+    fs::write(
+        &gateway,
+        format!(
+            "{text}budgets:\n  eng-daily:\n    appliesTo: {{groups: [eng]}}\n    period: day\n    timeZone: Europe/Berlin\n    limit: {{usd: 50}}\n  org-monthly:\n    appliesTo: {{users: [bob@acme.com]}}\n    count: pooled\n    period: month\n    limit: {{tokens: 1000000}}\n"
+        ),
+    )
+    .unwrap();
+    let routes = |user: &str, group: &str| {
+        let out = halo(&[
+            "gateway",
+            "routes",
+            "--user",
+            user,
+            "--group",
+            group,
+            "--policy-dir",
+            dir.path().to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let text = routes("alice@acme.com", "eng");
+    let budgets: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Budgets"))
+        .collect();
+    assert_eq!(
+        budgets,
+        [
+            "Budgets (each is checked; any one spent refuses):",
+            "BUDGET     LIMIT                          COUNT     AT LIMIT",
+            "eng-daily  USD 50 per day, Europe/Berlin  per user  refuse (429)",
+        ],
+        "{text}"
+    );
+    let text = routes("carol@acme.com", "sales");
+    assert!(text.ends_with("Budgets: none apply\n"), "{text}");
+}
+
+#[test]
 fn routes_pick_is_sticky_per_user_and_session() {
     let run = |user: &str, session: &str| {
         let out = halo(&[

@@ -970,6 +970,8 @@ mod tests {
             experiments: vec![],
             toggles: vec![],
             prices: Default::default(),
+            budgets: Default::default(),
+            budget_service: None,
         }
     }
 

@@ -9,6 +9,8 @@
 //! - [`Store`]: one trait, two backends: [`sqlite::SqliteStore`] (embedded, the default:
 //!   a file in halo-server's data dir, nothing else to run) and [`postgres::PgStore`]
 //!   (PostgreSQL at scale). Both pass the same test suite (`tests/store.rs`).
+//! - [`BudgetStore`]: the budget counts halo-server's rate-limit service adds to and checks,
+//!   in the same backends (one table, `budget_counts`).
 //! - [`Store::samples`]: the controller's query: for (experiment, metric, window) one
 //!   value per (variant, unit, source).
 //!
@@ -234,6 +236,72 @@ pub trait Store: Send + Sync {
     fn prune(&self, before_unix_ms: i64) -> Result<u64, StoreError>;
     /// How many records are stored (for tests, metrics and benchmarks).
     fn count(&self) -> Result<u64, StoreError>;
+}
+
+/// An amount added to one budget's count in one calendar period (halo-server's
+/// rate-limit service, issue #25). The subject is the salted key halo-policy's `budgets`
+/// gives (or `pool`), never a user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spend {
+    pub budget: String,
+    pub subject: String,
+    /// The period's start, Unix milliseconds (the budget's calendar, its time zone).
+    pub period_start_ms: i64,
+    pub tokens: u64,
+    pub micro_usd: u64,
+}
+
+/// Which count: a budget, a subject, a period.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CountKey {
+    pub budget: String,
+    pub subject: String,
+    pub period_start_ms: i64,
+}
+
+/// A count: what was spent so far in a period (zero when nothing was).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counted {
+    pub tokens: u64,
+    pub micro_usd: u64,
+}
+
+/// The budget counts' table, the same migration in both backends.
+pub(crate) const BUDGET_COUNTS_SCHEMA: &str = "
+CREATE TABLE budget_counts (
+    budget TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    period_start_ms BIGINT NOT NULL,
+    tokens BIGINT NOT NULL DEFAULT 0,
+    micro_usd BIGINT NOT NULL DEFAULT 0,
+    updated_ms BIGINT NOT NULL,
+    PRIMARY KEY (budget, subject, period_start_ms)
+);
+CREATE INDEX budget_counts_period ON budget_counts (period_start_ms);
+";
+
+/// A spend added to its count in one statement, atomic per row, so concurrent replicas
+/// add and never overwrite. Both backends speak it (SQLite since 3.24; its `$n` are
+/// numbered parameters bound in order).
+pub(crate) const UPSERT_COUNT: &str = "INSERT INTO budget_counts \
+    (budget, subject, period_start_ms, tokens, micro_usd, updated_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6) \
+    ON CONFLICT (budget, subject, period_start_ms) DO UPDATE SET \
+    tokens = budget_counts.tokens + excluded.tokens, \
+    micro_usd = budget_counts.micro_usd + excluded.micro_usd, \
+    updated_ms = excluded.updated_ms";
+
+/// Budget counts, kept beside the evidence in the same database, so every halo-server
+/// replica (on PostgreSQL) and every Envoy behind them adds to one count. Unlike the
+/// evidence, which is the per-call ledger, a count is one row per (budget, subject,
+/// period), added to in place.
+pub trait BudgetStore: Send + Sync {
+    /// Add each spend to its count, all in one transaction.
+    fn add_spend(&self, spends: &[Spend], now_unix_ms: i64) -> Result<(), StoreError>;
+    /// The counts of `keys`, in their order.
+    fn counted(&self, keys: &[CountKey]) -> Result<Vec<Counted>, StoreError>;
+    /// Delete the counts of periods that started before `before_unix_ms`; how many.
+    fn prune_counts(&self, before_unix_ms: i64) -> Result<u64, StoreError>;
 }
 
 /// The continuous percentile `q` (0..=1) of sorted `values`, linearly interpolated

@@ -9,10 +9,14 @@ use std::sync::{Mutex, MutexGuard};
 
 use postgres::{Client, NoTls};
 
-use crate::{Sample, SampleQuery, Source, Stamped, Store, StoreError, aggregate, sort_samples};
+use crate::{
+    BudgetStore, CountKey, Counted, Sample, SampleQuery, Source, Spend, Stamped, Store, StoreError,
+    aggregate, sort_samples,
+};
 
 /// Versioned migrations: `MIGRATIONS[i]` takes the schema from version i to i + 1.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE evidence (
     id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     time_ms BIGINT NOT NULL,
@@ -39,7 +43,9 @@ CREATE TABLE evidence (
 );
 CREATE INDEX evidence_experiment_time ON evidence (experiment, time_ms);
 CREATE INDEX evidence_time ON evidence (time_ms);
-"];
+",
+    crate::BUDGET_COUNTS_SCHEMA,
+];
 
 /// An arbitrary constant naming the migration lock.
 const MIGRATION_LOCK: i64 = 0x4841_4c4f_4556; // "HALOEV"
@@ -258,5 +264,56 @@ impl Store for PgStore {
             .query_one("SELECT COUNT(*) FROM evidence", &[])?
             .get(0);
         Ok(n as u64)
+    }
+}
+
+impl BudgetStore for PgStore {
+    fn add_spend(&self, spends: &[Spend], now_unix_ms: i64) -> Result<(), StoreError> {
+        let mut guard = lock(&self.writer)?;
+        let client = open(&mut guard)?;
+        let mut tx = client.transaction()?;
+        let stmt = tx.prepare(crate::UPSERT_COUNT)?;
+        for s in spends {
+            tx.execute(
+                &stmt,
+                &[
+                    &s.budget,
+                    &s.subject,
+                    &s.period_start_ms,
+                    &int(Some(s.tokens)),
+                    &int(Some(s.micro_usd)),
+                    &now_unix_ms,
+                ],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn counted(&self, keys: &[CountKey]) -> Result<Vec<Counted>, StoreError> {
+        let mut guard = lock(&self.reader)?;
+        let client = open(&mut guard)?;
+        let stmt = client.prepare(
+            "SELECT tokens, micro_usd FROM budget_counts \
+             WHERE budget = $1 AND subject = $2 AND period_start_ms = $3",
+        )?;
+        keys.iter()
+            .map(|k| {
+                let row = client.query_opt(&stmt, &[&k.budget, &k.subject, &k.period_start_ms])?;
+                Ok(row.map_or(Counted::default(), |r| Counted {
+                    tokens: r.get::<_, i64>(0).max(0) as u64,
+                    micro_usd: r.get::<_, i64>(1).max(0) as u64,
+                }))
+            })
+            .collect()
+    }
+
+    fn prune_counts(&self, before_unix_ms: i64) -> Result<u64, StoreError> {
+        let mut guard = lock(&self.writer)?;
+        let client = open(&mut guard)?;
+        Ok(client.execute(
+            "DELETE FROM budget_counts WHERE period_start_ms < $1",
+            &[&before_unix_ms],
+        )?)
     }
 }

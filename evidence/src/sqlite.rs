@@ -14,12 +14,13 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
-    Sample, SampleQuery, Source, Stamped, Store, StoreError, aggregate, percentile_cont,
-    sort_samples,
+    BudgetStore, CountKey, Counted, Sample, SampleQuery, Source, Spend, Stamped, Store, StoreError,
+    aggregate, percentile_cont, sort_samples,
 };
 
 /// Versioned migrations: `MIGRATIONS[i]` takes the schema from version i to i + 1.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE evidence (
     id INTEGER PRIMARY KEY,
     time_ms INTEGER NOT NULL,
@@ -46,7 +47,9 @@ CREATE TABLE evidence (
 );
 CREATE INDEX evidence_experiment_time ON evidence (experiment, time_ms);
 CREATE INDEX evidence_time ON evidence (time_ms);
-"];
+",
+    crate::BUDGET_COUNTS_SCHEMA,
+];
 
 const INSERT: &str = "INSERT INTO evidence (time_ms, source, ring, release, experiment, variant, \
     alias, upstream, model, target, attempts, status, ttfb_ms, duration_ms, input_tokens, \
@@ -234,5 +237,56 @@ impl Store for SqliteStore {
         let conn = lock(&self.reader)?;
         let n: i64 = conn.query_row("SELECT COUNT(*) FROM evidence", [], |r| r.get(0))?;
         Ok(n as u64)
+    }
+}
+
+impl BudgetStore for SqliteStore {
+    fn add_spend(&self, spends: &[Spend], now_unix_ms: i64) -> Result<(), StoreError> {
+        let mut conn = lock(&self.writer)?;
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(crate::UPSERT_COUNT)?;
+            for s in spends {
+                stmt.execute(params![
+                    s.budget,
+                    s.subject,
+                    s.period_start_ms,
+                    int(Some(s.tokens)),
+                    int(Some(s.micro_usd)),
+                    now_unix_ms
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn counted(&self, keys: &[CountKey]) -> Result<Vec<Counted>, StoreError> {
+        let conn = lock(&self.reader)?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT tokens, micro_usd FROM budget_counts \
+             WHERE budget = ?1 AND subject = ?2 AND period_start_ms = ?3",
+        )?;
+        keys.iter()
+            .map(|k| {
+                let row = stmt
+                    .query_row(params![k.budget, k.subject, k.period_start_ms], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                    })
+                    .optional()?;
+                Ok(row.map_or(Counted::default(), |(t, m)| Counted {
+                    tokens: t.max(0) as u64,
+                    micro_usd: m.max(0) as u64,
+                }))
+            })
+            .collect()
+    }
+
+    fn prune_counts(&self, before_unix_ms: i64) -> Result<u64, StoreError> {
+        let conn = lock(&self.writer)?;
+        Ok(conn.execute(
+            "DELETE FROM budget_counts WHERE period_start_ms < ?1",
+            [before_unix_ms],
+        )? as u64)
     }
 }

@@ -7,9 +7,16 @@
 
 use halo_evidence::postgres::PgStore;
 use halo_evidence::sqlite::SqliteStore;
-use halo_evidence::{Metric, Record, Sample, SampleQuery, Source, Stamped, Store};
+use halo_evidence::{
+    BudgetStore, CountKey, Counted, Metric, Record, Sample, SampleQuery, Source, Spend, Stamped,
+    Store,
+};
 
-fn both(body: impl Fn(&dyn Store)) {
+/// Both traits of a backend: the evidence and the budget counts.
+trait Backend: Store + BudgetStore {}
+impl<T: Store + BudgetStore> Backend for T {}
+
+fn both(body: impl Fn(&dyn Backend)) {
     let dir = tempfile::tempdir().expect("temp dir");
     let sqlite = SqliteStore::open(&dir.path().join("evidence.db")).expect("open sqlite");
     body(&sqlite);
@@ -225,4 +232,89 @@ fn reopening_migrates_once() {
             .expect("count"),
         1
     );
+}
+
+fn key(budget: &str, subject: &str, period: i64) -> CountKey {
+    CountKey {
+        budget: budget.into(),
+        subject: subject.into(),
+        period_start_ms: period,
+    }
+}
+
+fn spend(budget: &str, subject: &str, period: i64, tokens: u64, micro_usd: u64) -> Spend {
+    Spend {
+        budget: budget.into(),
+        subject: subject.into(),
+        period_start_ms: period,
+        tokens,
+        micro_usd,
+    }
+}
+
+#[test]
+fn budget_counts_add_up_per_budget_subject_and_period() {
+    both(|store| {
+        let unknown = store
+            .counted(&[key("eng", "a", 1_000)])
+            .expect("an absent count");
+        assert_eq!(unknown, [Counted::default()]);
+        store
+            .add_spend(
+                &[
+                    spend("eng", "a", 1_000, 100, 2_000),
+                    spend("eng", "b", 1_000, 7, 1),
+                    spend("org", "pool", 1_000, 100, 2_000),
+                ],
+                1_500,
+            )
+            .expect("add");
+        store
+            .add_spend(&[spend("eng", "a", 1_000, 50, 500)], 1_600)
+            .expect("add again");
+        // A new period starts from zero.
+        store
+            .add_spend(&[spend("eng", "a", 2_000, 1, 1)], 2_100)
+            .expect("next period");
+        let got = store
+            .counted(&[
+                key("eng", "a", 1_000),
+                key("eng", "b", 1_000),
+                key("org", "pool", 1_000),
+                key("eng", "a", 2_000),
+            ])
+            .expect("counted");
+        let c = |tokens, micro_usd| Counted { tokens, micro_usd };
+        assert_eq!(got, [c(150, 2_500), c(7, 1), c(100, 2_000), c(1, 1)]);
+        assert_eq!(store.prune_counts(2_000).expect("prune"), 3);
+        let got = store
+            .counted(&[key("eng", "a", 1_000), key("eng", "a", 2_000)])
+            .expect("counted");
+        assert_eq!(got, [c(0, 0), c(1, 1)]);
+    });
+}
+
+#[test]
+fn concurrent_spends_all_land() {
+    both(|store| {
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..25 {
+                        store
+                            .add_spend(&[spend("eng", "a", 0, 1, 10)], 1)
+                            .expect("add");
+                    }
+                });
+            }
+        });
+        let got = store.counted(&[key("eng", "a", 0)]).expect("counted");
+        assert_eq!(
+            got,
+            [Counted {
+                tokens: 200,
+                micro_usd: 2_000
+            }]
+        );
+    });
 }

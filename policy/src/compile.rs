@@ -169,6 +169,8 @@ pub fn compile(org: &Org) -> Snapshot {
         experiments,
         toggles,
         prices: gateway.prices.clone(),
+        budgets: gateway.budgets.clone(),
+        budget_service: gateway.budget_service,
     }
 }
 

@@ -443,6 +443,8 @@ pub(crate) mod testkit {
                 experiments: vec![],
                 toggles: vec![],
                 prices: Default::default(),
+                budgets: Default::default(),
+                budget_service: None,
             };
             SnapBuilder { snap }
         }

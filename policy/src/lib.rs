@@ -12,6 +12,8 @@
 //! - [`compile`] and [`snapshot`]: Org -> the deterministic compiled snapshot.
 //! - [`assign`]: the single source of hashing (rings, variants, weighted picks).
 //! - [`decide`]: ring, toggles, experiments and shadow for one request.
+//! - [`budgets`]: which spend and token budgets apply to a caller, their periods and the
+//!   refusal once one is spent.
 //! - [`admit`]: the client wire, operation and alias of a request; the body model rewrite.
 //! - [`body_scan`]: the strict one-pass JSON scan that finds a body's top-level model.
 //! - [`harness_models`]: the model names a harness resolves itself (Claude Code's families).
@@ -25,6 +27,7 @@
 pub mod admit;
 pub mod assign;
 pub mod body_scan;
+pub mod budgets;
 pub mod cluster_names;
 pub mod compile;
 pub mod decide;

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::types::{
-    Axis, ExperimentStatus, ExperimentType, Harness, Identity, Membership, Price, ShadowTurns,
-    Target, ToggleRule, Upstream, WireProtocol,
+    Axis, Budget, BudgetService, ExperimentStatus, ExperimentType, Harness, Identity, Membership,
+    Price, ShadowTurns, Target, ToggleRule, Upstream, WireProtocol,
 };
 
 /// Format version of the snapshot document; bumped on an incompatible change.
@@ -45,6 +45,13 @@ pub struct Snapshot {
     /// the gateway accounts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub prices: BTreeMap<String, BTreeMap<String, Price>>,
+    /// The Gateway's budgets by name ([`crate::budgets`]): the filter names the ones that
+    /// apply to a call, halo-server's rate-limit service counts and checks them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub budgets: BTreeMap<String, Budget>,
+    /// The gateway's behaviour towards the budget service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_service: Option<BudgetService>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

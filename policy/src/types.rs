@@ -235,6 +235,127 @@ pub struct Gateway {
     /// it -> prices. A routed model without a price has an unknown cost (never zero).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub prices: BTreeMap<String, BTreeMap<String, Price>>,
+    /// Spend and token budgets by name: who they apply to, per which calendar period, and
+    /// what happens at the limit (issue #25; see [`crate::budgets`]). Enforced by every
+    /// Envoy through halo-server's rate-limit service.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub budgets: BTreeMap<String, Budget>,
+    /// How the gateway behaves when the budget service cannot answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_service: Option<BudgetService>,
+}
+
+/// A spend or token budget: a limit per calendar period for a ring, a group or a user.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Budget {
+    /// Who it applies to: a caller named by any list (user, one of their groups, their
+    /// ring) is under it.
+    pub applies_to: BudgetScope,
+    /// `perUser` (default): each caller it applies to has a count of their own;
+    /// `pooled`: everyone it applies to shares one count.
+    #[serde(default)]
+    pub count: BudgetCount,
+    /// The calendar period the count covers; it starts again at the next one.
+    pub period: BudgetPeriod,
+    /// The IANA time zone whose calendar the periods follow (`Europe/Berlin`); default
+    /// `UTC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+    /// The limit: USD, tokens, or both (whichever is reached first).
+    pub limit: BudgetLimit,
+    /// What happens to a call once the limit is reached; default `refuse`.
+    #[serde(default)]
+    pub at_limit: AtLimit,
+}
+
+/// The callers a budget applies to.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BudgetScope {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// Ring names: the ring the caller resolves to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rings: Vec<String>,
+}
+
+/// Whose calls a budget's count adds up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum BudgetCount {
+    #[default]
+    PerUser,
+    Pooled,
+}
+
+/// A calendar period (weeks start on Monday, ISO 8601).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum BudgetPeriod {
+    Day,
+    Week,
+    Month,
+}
+
+impl BudgetPeriod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetPeriod::Day => "day",
+            BudgetPeriod::Week => "week",
+            BudgetPeriod::Month => "month",
+        }
+    }
+}
+
+/// A budget's limit: either or both.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BudgetLimit {
+    /// USD, priced with the Gateway's price table (an unpriced call adds no USD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd: Option<f64>,
+    /// Tokens: every prompt token (cache reads and writes included) plus every output token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+}
+
+/// What happens to a call at a budget's limit.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum AtLimit {
+    /// 429 in the client wire's error shape, naming the budget and when it resets.
+    #[default]
+    Refuse,
+    /// Alias -> a cheaper alias the call is sent to instead (not enforced yet: such a
+    /// budget refuses at its limit; `halo validate` warns).
+    RouteTo(BTreeMap<String, String>),
+}
+
+/// The gateway's behaviour towards the budget service (halo-server's rate-limit service).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BudgetService {
+    /// When the service cannot answer (down, slow, its store failing): `open` (default)
+    /// lets calls through uncounted, `closed` refuses them.
+    #[serde(default)]
+    pub on_service_down: OnServiceDown,
+    /// How long Envoy waits for the budget check, in milliseconds (default 200).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u32>,
+}
+
+/// What a budget outage does to calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnServiceDown {
+    /// A budget protects money over a day or a month: minutes of uncounted calls cost
+    /// less than every developer's tools stopping at once.
+    #[default]
+    Open,
+    Closed,
 }
 
 /// USD per million tokens, by how the tokens are billed (see halo-providers' `usage`).

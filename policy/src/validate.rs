@@ -14,7 +14,8 @@
 //! in a URL or header), the warning `unusable` (a target no harness can reach), the
 //! warning `unmapped-model` (a model family Claude Code resolves itself to an id the
 //! gateway refuses, see [`crate::harness_models`]) and the warning `unpriced` (a routed
-//! model the price table does not price: its cost is unknown).
+//! model the price table does not price: its cost is unknown) and the warning `not-enforced`
+//! (a budget's `routeTo`, which this build does not act on yet).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,8 +23,8 @@ use crate::guardrails::{self, Guardrail};
 use crate::harness_models::{self, FamilyModel};
 use crate::issue::Issue;
 use crate::types::{
-    Axis, CONTROL_VARIANT, Experiment, Harness, Kind, MAX_PRICE_USD, ModelRoute, Org, Rollout,
-    RolloutStatus, Source, Target, UpstreamKind,
+    AtLimit, Axis, CONTROL_VARIANT, Experiment, Harness, Kind, MAX_PRICE_USD, ModelRoute, Org,
+    Rollout, RolloutStatus, Source, Target, UpstreamKind,
 };
 
 /// Rule for names that point at nothing (or at the wrong kind of thing).
@@ -40,6 +41,13 @@ pub const RULE_UNUSABLE: &str = "unusable";
 pub const RULE_UNMAPPED_MODEL: &str = "unmapped-model";
 /// Warning rule for a routed model without a price (its calls' cost is unknown).
 pub const RULE_UNPRICED: &str = "unpriced";
+
+/// Warning rule for a policy setting this build accepts but does not act on yet.
+pub const RULE_NOT_ENFORCED: &str = "not-enforced";
+/// The largest budget in USD: a larger one is a typo (and would overflow micro-USD counts).
+pub const MAX_BUDGET_USD: f64 = 1e9;
+/// The longest Envoy may wait for the budget check (ms): it delays every budgeted call.
+pub const MAX_BUDGET_TIMEOUT_MS: u32 = 5000;
 
 /// Largest timeout a route target or hook may set, in seconds.
 pub const MAX_TIMEOUT_SECONDS: u32 = 3600;
@@ -624,6 +632,115 @@ impl Checker<'_> {
             self.route(doc, &path, route);
         }
         self.prices();
+        self.budgets();
+    }
+
+    /// Budgets: names, who they apply to (rings that exist), a limit that is positive and
+    /// finite, a time zone the database knows, `routeTo` between aliases; the budget
+    /// service's timeout.
+    fn budgets(&mut self) {
+        let doc = Doc(Kind::Gateway, "");
+        let gateway = &self.org.gateway;
+        for (name, b) in &gateway.budgets {
+            let base = field_key("budgets", name);
+            self.name(doc, base.clone(), "budget name", name);
+            let scope = &b.applies_to;
+            if scope.users.is_empty() && scope.groups.is_empty() && scope.rings.is_empty() {
+                self.error(
+                    doc,
+                    field_key(&base, "appliesTo"),
+                    RULE_FORM,
+                    "a budget applies to at least one user, group or ring",
+                );
+            }
+            for (i, ring) in scope.rings.iter().enumerate() {
+                if !self.org.rings.contains_key(ring) {
+                    self.error(
+                        doc,
+                        field_index(&field_key(&field_key(&base, "appliesTo"), "rings"), i),
+                        RULE_REFERENCE,
+                        format!("ring {ring:?} does not exist"),
+                    );
+                }
+            }
+            let limit = field_key(&base, "limit");
+            match (b.limit.usd, b.limit.tokens) {
+                (None, None) => self.error(
+                    doc,
+                    limit,
+                    RULE_FORM,
+                    "a budget's limit names usd, tokens or both",
+                ),
+                (usd, tokens) => {
+                    if usd.is_some_and(|u| !(u.is_finite() && u > 0.0 && u <= MAX_BUDGET_USD)) {
+                        self.error(
+                            doc,
+                            field_key(&limit, "usd"),
+                            RULE_RANGE,
+                            format!("usd must be above 0 and at most {MAX_BUDGET_USD}"),
+                        );
+                    }
+                    if tokens == Some(0) {
+                        self.error(
+                            doc,
+                            field_key(&limit, "tokens"),
+                            RULE_RANGE,
+                            "tokens must be at least 1",
+                        );
+                    }
+                }
+            }
+            if let Err(e) = crate::budgets::time_zone(b.time_zone.as_deref()) {
+                self.error(doc, field_key(&base, "timeZone"), RULE_FORM, e.to_string());
+            }
+            if let AtLimit::RouteTo(routes) = &b.at_limit {
+                let path = field_key(&field_key(&base, "atLimit"), "routeTo");
+                if routes.is_empty() {
+                    self.error(
+                        doc,
+                        path.clone(),
+                        RULE_FORM,
+                        "routeTo names at least one alias",
+                    );
+                }
+                for (from, to) in routes {
+                    for alias in [from, to] {
+                        if !gateway.models.contains_key(alias) {
+                            self.error(
+                                doc,
+                                field_key(&path, from),
+                                RULE_REFERENCE,
+                                format!("model alias {alias:?} does not exist"),
+                            );
+                        }
+                    }
+                    if from == to {
+                        self.error(
+                            doc,
+                            field_key(&path, from),
+                            RULE_FORM,
+                            "an alias cannot be routed to itself",
+                        );
+                    }
+                }
+                self.warning(
+                    doc,
+                    path,
+                    RULE_NOT_ENFORCED,
+                    "routeTo is not enforced yet: calls under this budget are refused (429) at its limit",
+                );
+            }
+        }
+        if let Some(ms) = gateway.budget_service.and_then(|s| s.timeout_ms)
+            && !(1..=MAX_BUDGET_TIMEOUT_MS).contains(&ms)
+        {
+            self.error(
+                doc,
+                "budgetService.timeoutMs",
+                RULE_RANGE,
+                format!("timeoutMs must be 1 to {MAX_BUDGET_TIMEOUT_MS}"),
+            );
+        }
     }
 
     /// Prices name known upstreams and are finite, non-negative and below

@@ -417,6 +417,8 @@ fn snapshot() -> Snapshot {
         ],
         toggles: vec![toggle("tog-a"), toggle("tog-b")],
         prices: Default::default(),
+        budgets: Default::default(),
+        budget_service: None,
     }
 }
 

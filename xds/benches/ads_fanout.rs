@@ -120,6 +120,8 @@ fn policy(generation: u32) -> halo_policy::Snapshot {
         experiments,
         toggles: vec![],
         prices: Default::default(),
+        budgets: Default::default(),
+        budget_service: None,
     }
 }
 

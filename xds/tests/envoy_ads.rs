@@ -157,6 +157,8 @@ fn policy(ports: &[(&str, u16)], route: Vec<Target>) -> halo_policy::Snapshot {
         experiments: vec![],
         toggles: vec![],
         prices: Default::default(),
+        budgets: Default::default(),
+        budget_service: None,
     }
 }
 
