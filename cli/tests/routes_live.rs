@@ -115,10 +115,8 @@ async fn gateway_routes_agrees_with_the_live_envoy_for_each_user_and_session() {
     let ads_port = listener.local_addr().expect("addr").port();
     tokio::spawn(halo_xds::serve(listener, cache.clone()));
     let admin = free_port();
-    let yaml = std::fs::read_to_string(workspace_root().join("envoy/ads.yaml"))
-        .expect("ads.yaml")
-        .replace("port_value: 18000", &format!("port_value: {ads_port}"))
-        .replace("port_value: 9901", &format!("port_value: {admin}"));
+    let yaml =
+        halo_envoy_config::ads::AdsBootstrap::loopback("halo-gateway", ads_port, admin).render();
     let envoy = tokio::task::block_in_place(|| Envoy::start(&yaml, admin));
     let gw = Gateway {
         envoy,

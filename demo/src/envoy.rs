@@ -9,42 +9,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-/// envoy/ads.yaml: node identity and the ADS cluster, nothing else.
-pub const ADS_BOOTSTRAP: &str = include_str!("../../envoy/ads.yaml");
-
 /// The node id the demo's Envoy presents.
 pub const NODE_ID: &str = "halo-demo";
 
-/// envoy/ads.yaml with the demo's node id, admin address and ADS port. Every value must be
-/// found as the file writes it, so a change there fails loudly here.
+/// envoy/ads.yaml with the demo's node id, admin address and ADS port.
 pub fn bootstrap(admin: SocketAddr, xds: SocketAddr) -> anyhow::Result<String> {
-    let swaps = [
-        ("id: halo-gateway", format!("id: {NODE_ID}")),
-        (
-            "socket_address: { address: 127.0.0.1, port_value: 9901 }",
-            format!(
-                "socket_address: {{ address: {}, port_value: {} }}",
-                admin.ip(),
-                admin.port()
-            ),
-        ),
-        (
-            "socket_address: { address: 127.0.0.1, port_value: 18000 }",
-            // The control plane runs here: Envoy dials loopback whatever it is bound to.
-            format!(
-                "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
-                xds.port()
-            ),
-        ),
-    ];
-    let mut yaml = ADS_BOOTSTRAP.to_string();
-    for (from, to) in swaps {
-        if !yaml.contains(from) {
-            bail!("envoy/ads.yaml no longer contains `{from}`: update halo-demo's bootstrap");
-        }
-        yaml = yaml.replace(from, &to);
+    Ok(halo_envoy_config::ads::AdsBootstrap {
+        node_id: NODE_ID.into(),
+        admin_address: admin.ip().to_string(),
+        admin_port: admin.port(),
+        // The control plane runs here: Envoy dials loopback whatever it is bound to.
+        ads_host: "127.0.0.1".into(),
+        ads_port: xds.port(),
     }
-    Ok(yaml)
+    .render())
 }
 
 /// A running Envoy.

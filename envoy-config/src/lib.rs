@@ -6,6 +6,8 @@
 //! Envoy's JSON/YAML shape, and [`yaml::to_yaml`] prints it deterministically.
 //!
 //! Code map:
+//! - [`ads`]: envoy/ads.yaml (the xDS-driven Envoy's bootstrap) with its marked values
+//!   filled in, for every Envoy booted from it.
 //! - [`names`]: the cluster naming scheme and the route header (the filter's contract with
 //!   Envoy's `cluster_header` route).
 //! - [`plan`]: snapshot + gateway settings -> the [`plan::Plan`], every decision about the
@@ -18,6 +20,7 @@
 //! - [`tls`]: upstream TLS verification (CA bundle, SAN, SNI) of every https cluster.
 //! - [`yaml`]: a small deterministic YAML printer for JSON values.
 
+pub mod ads;
 pub mod bootstrap;
 pub mod credentials;
 pub mod evidence;

@@ -5,18 +5,14 @@
 use std::time::Duration;
 
 use halo_testkit::envoy::Envoy;
-use halo_testkit::{free_port, workspace_root};
+use halo_testkit::free_port;
 use halo_xds::{GatewaySettings, NodeKey, SnapshotCache, snapshot_of};
 
 use crate::{Gateway, client_builder};
 
 /// envoy/ads.yaml with this test's node id and ports (the three values it marks).
 pub fn ads_bootstrap(node: &str, ads_port: u16, admin_port: u16) -> String {
-    let yaml =
-        std::fs::read_to_string(workspace_root().join("envoy/ads.yaml")).expect("envoy/ads.yaml");
-    yaml.replace("id: halo-gateway", &format!("id: {node}"))
-        .replace("port_value: 18000", &format!("port_value: {ads_port}"))
-        .replace("port_value: 9901", &format!("port_value: {admin_port}"))
+    halo_envoy_config::ads::AdsBootstrap::loopback(node, ads_port, admin_port).render()
 }
 
 /// Gateway settings for a test listener on `port` with the filter under test; the fake

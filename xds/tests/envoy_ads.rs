@@ -21,7 +21,7 @@ use envoy_types::pb::envoy::extensions::clusters::aggregate::v3::ClusterConfig;
 use envoy_types::pb::google::protobuf::Any;
 use halo_policy::types::{Target, Upstream, UpstreamKind};
 use halo_testkit::envoy::Envoy;
-use halo_testkit::{free_port, http, wait_until, workspace_root};
+use halo_testkit::{free_port, http, wait_until};
 use halo_xds::{GatewaySettings, NodeKey, Resource, SnapshotCache, snapshot_of, type_url};
 use prost::{Message, Name};
 
@@ -175,17 +175,7 @@ fn settings(listen_port: u16) -> GatewaySettings {
 
 /// envoy/ads.yaml with this test's node id and ports.
 fn bootstrap(node: &str, ads_port: u16, admin_port: u16) -> String {
-    let yaml =
-        std::fs::read_to_string(workspace_root().join("envoy/ads.yaml")).expect("envoy/ads.yaml");
-    let out = yaml
-        .replace("id: halo-gateway", &format!("id: {node}"))
-        .replace("port_value: 18000", &format!("port_value: {ads_port}"))
-        .replace("port_value: 9901", &format!("port_value: {admin_port}"));
-    assert_ne!(
-        out, yaml,
-        "envoy/ads.yaml must keep its substitutable values"
-    );
-    out
+    halo_envoy_config::ads::AdsBootstrap::loopback(node, ads_port, admin_port).render()
 }
 
 /// GET through Envoy's listener with the route header the filter would set.

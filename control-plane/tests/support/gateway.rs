@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use halo_server::config::Settings;
 use halo_testkit::envoy::Envoy;
-use halo_testkit::{free_port, workspace_root};
+use halo_testkit::free_port;
 use serde_json::{Value, json};
 
 use super::{Env, Server, serve};
@@ -302,10 +302,8 @@ pub async fn start_live_with(env: &Env, mut settings: Settings, live: Live) -> L
         .addr
         .port();
     let admin = free_port();
-    let yaml = std::fs::read_to_string(workspace_root().join("envoy/ads.yaml"))
-        .expect("ads.yaml")
-        .replace("port_value: 18000", &format!("port_value: {xds_port}"))
-        .replace("port_value: 9901", &format!("port_value: {admin}"));
+    let yaml =
+        halo_envoy_config::ads::AdsBootstrap::loopback("halo-gateway", xds_port, admin).render();
     let envoy = tokio::task::block_in_place(|| Envoy::start(&yaml, admin));
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
