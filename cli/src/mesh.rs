@@ -1,6 +1,11 @@
 //! `halo istio render` and `halo envoy-gateway render`: the mesh manifests rendered from a
 //! policy repo (halo-mesh renders; this module reads the policy and flags and writes).
 //!
+//! Two modes (`--mode`): `service` (the default: the halo gateway deployed as a mesh
+//! service, halo-server driving it over xDS; the only mode that serves every policy
+//! feature) and `in-proxy` (the filter inside the mesh's own Envoy, which refuses alias
+//! targets needing the per-attempt stage).
+//!
 //! The kill-list poll is configured with `--kill-switch-pubkey`: halo-server's in-cluster
 //! Service, the public key inline (public), the gateway token by reference only (the proxy
 //! environment variable HALO_GATEWAY_TOKEN, filled from a Secret by the operator).
@@ -13,6 +18,7 @@ use clap::Subcommand;
 use halo_fsutil::write_atomic;
 use halo_mesh::envoy_gateway::{self, GatewayOptions};
 use halo_mesh::istio::{self, Delivery, IstioOptions};
+use halo_mesh::service::ServiceOptions;
 use halo_mesh::{Image, KillSwitchRef, to_yaml};
 use halo_policy::compile;
 use serde_json::{Map, Value, json};
@@ -22,16 +28,60 @@ use crate::policy_dir::load_valid;
 
 #[derive(Debug, Subcommand)]
 pub enum IstioCommand {
-    /// WasmPlugin, RequestAuthentication, ServiceEntry + DestinationRule per upstream and
-    /// the VirtualService, as one YAML stream.
+    /// One YAML stream. `--mode service` (default): halo-server, the halo gateway and the
+    /// Istio routing to it (PeerAuthentication, DestinationRule, VirtualService,
+    /// ServiceEntry per external host). `--mode in-proxy`: EnvoyFilter (or WasmPlugin),
+    /// RequestAuthentication, ServiceEntry + DestinationRule per upstream and the
+    /// VirtualService.
     Render(IstioArgs),
 }
 
 #[derive(Debug, Subcommand)]
 pub enum EnvoyGatewayCommand {
-    /// EnvoyExtensionPolicy, SecurityPolicy, Backend + BackendTLSPolicy per upstream,
-    /// HTTPRoute and BackendTrafficPolicy, as one YAML stream.
+    /// One YAML stream. `--mode service` (default): halo-server, the halo gateway and the
+    /// HTTPRoute to it. `--mode in-proxy`: EnvoyExtensionPolicy, EnvoyPatchPolicy,
+    /// SecurityPolicy, Backend + BackendTLSPolicy per upstream, HTTPRoute and
+    /// BackendTrafficPolicy.
     Render(GatewayArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// The halo gateway as a mesh service (Envoy driven over xDS by halo-server): every
+    /// policy feature.
+    Service,
+    /// The filter inside the mesh's own Envoy: single pass-through targets only.
+    InProxy,
+}
+
+/// Flags of the service mode.
+#[derive(Debug, clap::Args)]
+pub struct ServiceArgs {
+    /// service (default: the halo gateway as a mesh service, every policy feature) or
+    /// in-proxy (the filter in the mesh's own Envoy).
+    #[arg(long, value_enum, default_value = "service")]
+    mode: Mode,
+    /// Envoy 1.40's image for the gateway pods, pinned by digest (service mode).
+    #[arg(long, value_name = "IMAGE")]
+    envoy_image: Option<String>,
+    /// halo-server's image, pinned by digest (service mode).
+    #[arg(long, value_name = "IMAGE")]
+    server_image: Option<String>,
+    /// halo-credentials' image (service mode, a policy routing to Vertex).
+    #[arg(long, value_name = "IMAGE")]
+    credentials_image: Option<String>,
+    /// Gateway replicas (service mode).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    replicas: u32,
+    /// halo-server's data claim size (service mode).
+    #[arg(long, value_name = "SIZE", default_value = "10Gi")]
+    data_size: String,
+    /// Secret holding provider keys under the policy's credential.env names (service mode).
+    #[arg(long, value_name = "SECRET", default_value = "halo-provider-keys")]
+    provider_keys_secret: String,
+    /// Namespace allowed to reach the admin ports (service mode).
+    #[arg(long, value_name = "NS", default_value = "monitoring")]
+    monitoring_namespace: String,
 }
 
 /// Flags both renderers share.
@@ -40,7 +90,7 @@ pub struct CommonArgs {
     #[arg(long, value_name = "DIR", env = "HALO_POLICY_DIR")]
     policy_dir: PathBuf,
     /// The filter image, pinned: oci://REGISTRY/REPOSITORY@sha256:<digest>
-    /// (`halo wasm publish` prints it).
+    /// (`halo wasm publish` prints it; the service mode mounts the `-compat` one).
     #[arg(long, value_name = "OCI_REF")]
     image: String,
     /// Hostname developers call (repeatable; default: any).
@@ -96,9 +146,12 @@ enum DeliveryArg {
 pub struct IstioArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Namespace of the gateway workload (and of every rendered object).
-    #[arg(long, default_value = "istio-system")]
-    namespace: String,
+    #[command(flatten)]
+    service: ServiceArgs,
+    /// Namespace of every rendered object: the halo gateway's (service mode, default
+    /// halos) or the Istio gateway workload's (in-proxy mode, default istio-system).
+    #[arg(long)]
+    namespace: Option<String>,
     /// Workload label of the gateway running the filter, KEY=VALUE (repeatable).
     #[arg(
         long = "selector",
@@ -127,6 +180,8 @@ pub struct IstioArgs {
 pub struct GatewayArgs {
     #[command(flatten)]
     common: CommonArgs,
+    #[command(flatten)]
+    service: ServiceArgs,
     /// Namespace of the Gateway (and of every rendered object).
     #[arg(long, default_value = "halos")]
     namespace: String,
@@ -142,6 +197,17 @@ pub struct GatewayArgs {
 pub fn run_istio(command: IstioCommand) -> Result<(), Failure> {
     let IstioCommand::Render(args) = command;
     let (snap, image, settings) = prepare(&args.common)?;
+    if args.service.mode == Mode::Service {
+        let ns = args.namespace.clone().unwrap_or_else(|| "halos".into());
+        let opts = service_options(&args.common, &args.service, ns, image, settings)?;
+        let docs = istio::render_service(&snap, &opts, &args.gateways, &hosts(&args.common))
+            .context("rendering the Istio manifests")?;
+        return write(&args.common, &docs, "halo istio render", None);
+    }
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "istio-system".into());
     let mut selector = BTreeMap::new();
     for s in &args.selectors {
         let (k, v) = s
@@ -151,7 +217,7 @@ pub fn run_istio(command: IstioCommand) -> Result<(), Failure> {
     }
     let opts = IstioOptions {
         image,
-        namespace: args.namespace.clone(),
+        namespace,
         selector,
         gateways: args.gateways.clone(),
         hosts: hosts(&args.common),
@@ -177,6 +243,18 @@ pub fn run_istio(command: IstioCommand) -> Result<(), Failure> {
 pub fn run_envoy_gateway(command: EnvoyGatewayCommand) -> Result<(), Failure> {
     let EnvoyGatewayCommand::Render(args) = command;
     let (snap, image, settings) = prepare(&args.common)?;
+    if args.service.mode == Mode::Service {
+        let opts = service_options(
+            &args.common,
+            &args.service,
+            args.namespace.clone(),
+            image,
+            settings,
+        )?;
+        let docs = envoy_gateway::render_service(&snap, &opts, &args.gateway, &args.common.hosts)
+            .context("rendering the Envoy Gateway manifests")?;
+        return write(&args.common, &docs, "halo envoy-gateway render", None);
+    }
     let opts = GatewayOptions {
         image,
         namespace: args.namespace.clone(),
@@ -195,6 +273,50 @@ pub fn run_envoy_gateway(command: EnvoyGatewayCommand) -> Result<(), Failure> {
     let docs =
         envoy_gateway::render(&snap, &opts).context("rendering the Envoy Gateway manifests")?;
     write(&args.common, &docs, "halo envoy-gateway render", None)
+}
+
+/// The service mode's options; the in-proxy mode's flags are refused rather than ignored.
+fn service_options(
+    common: &CommonArgs,
+    service: &ServiceArgs,
+    namespace: String,
+    filter_image: Image,
+    settings: Value,
+) -> Result<ServiceOptions, Failure> {
+    if common.kill_switch_pubkey.is_some() {
+        return Err(anyhow!(
+            "--kill-switch-pubkey is for --mode in-proxy: in the service mode halo-server pushes the kill list to the gateway itself (its key is the Secret halo-killswitch-key)"
+        )
+        .into());
+    }
+    if common.image_pull_secret.is_some() {
+        return Err(anyhow!(
+            "--image-pull-secret is for --mode in-proxy: in the service mode the filter image is an image volume of the gateway pods; give their ServiceAccount the pull Secret"
+        )
+        .into());
+    }
+    let required = |flag: &str, v: &Option<String>| {
+        v.clone()
+            .ok_or_else(|| anyhow!("--mode service needs {flag} (pinned by digest)"))
+    };
+    let mut policy_files = Vec::new();
+    collect_yaml(&common.policy_dir, &common.policy_dir, &mut policy_files)?;
+    policy_files.sort();
+    Ok(ServiceOptions {
+        namespace,
+        envoy_image: required("--envoy-image", &service.envoy_image)?,
+        server_image: required("--server-image", &service.server_image)?,
+        filter_image,
+        credentials_image: service.credentials_image.clone(),
+        policy_files,
+        replicas: service.replicas,
+        data_size: service.data_size.clone(),
+        provider_keys_secret: service.provider_keys_secret.clone(),
+        settings,
+        jwks_uri: common.jwks_uri.clone(),
+        monitoring_namespace: service.monitoring_namespace.clone(),
+        image_pull_policy: common.image_pull_policy.clone(),
+    })
 }
 
 fn kill_switch(common: &CommonArgs) -> Result<Option<KillSwitchRef>, Failure> {
@@ -310,6 +432,8 @@ pub fn run_control_plane(command: ControlPlaneCommand) -> Result<(), Failure> {
         fleet_token_secret: args.fleet_token_secret.clone(),
         data_claim: args.data_claim.clone(),
         monitoring_namespace: args.monitoring_namespace.clone(),
+        xds: None,
+        data_claim_size: None,
     };
     let docs = halo_mesh::control_plane::render(&opts).context("rendering halo-server")?;
     let common_out = args.output.clone();

@@ -1,5 +1,6 @@
 //! `halo istio render` and `halo envoy-gateway render` end to end: a policy repo in, a
-//! YAML stream out; a tag-only image and a failover policy refused with the reason.
+//! YAML stream out; examples/acme-corp in the default (service) mode for both meshes; a
+//! tag-only image and, in the in-proxy mode, a failover policy refused with the reason.
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
 // #[test] functions, and this in the helpers beside them.
@@ -30,6 +31,8 @@ fn renders_istio_and_envoy_gateway_manifests() {
     let o = halo(&[
         "istio",
         "render",
+        "--mode",
+        "in-proxy",
         "--policy-dir",
         "mesh/tests/fixtures/mesh-corp",
         "--image",
@@ -63,6 +66,8 @@ fn renders_istio_and_envoy_gateway_manifests() {
     let o = halo(&[
         "istio",
         "render",
+        "--mode",
+        "in-proxy",
         "--policy-dir",
         "mesh/tests/fixtures/mesh-corp",
         "--image",
@@ -100,6 +105,8 @@ fn renders_istio_and_envoy_gateway_manifests() {
     let o = halo(&[
         "envoy-gateway",
         "render",
+        "--mode",
+        "in-proxy",
         "--policy-dir",
         "mesh/tests/fixtures/mesh-corp",
         "--image",
@@ -127,6 +134,8 @@ fn refuses_a_tag_only_image_and_a_failover_policy() {
     let o = halo(&[
         "istio",
         "render",
+        "--mode",
+        "in-proxy",
         "--policy-dir",
         "mesh/tests/fixtures/mesh-corp",
         "--image",
@@ -141,6 +150,8 @@ fn refuses_a_tag_only_image_and_a_failover_policy() {
         let o = halo(&[
             cmd,
             "render",
+            "--mode",
+            "in-proxy",
             "--policy-dir",
             "mesh/tests/fixtures/failover",
             "--image",
@@ -149,7 +160,7 @@ fn refuses_a_tag_only_image_and_a_failover_policy() {
         assert_eq!(o.status.code(), Some(1), "{cmd}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(
-            err.contains("alias \"gpt\"") && err.contains("halo xDS server"),
+            err.contains("alias \"gpt\"") && err.contains("--mode service"),
             "{cmd}: {err}"
         );
         assert!(o.stdout.is_empty(), "{cmd}: nothing rendered");
@@ -177,4 +188,93 @@ fn renders_the_control_plane_with_secrets_by_reference() {
         assert!(yaml.contains(needle), "{needle} missing");
     }
     assert!(!yaml.contains("kind: \"Secret\""));
+}
+
+fn digest(repo: &str, fill: &str) -> String {
+    format!(
+        "registry.example.com/halos/{repo}@sha256:{}",
+        fill.repeat(64)
+    )
+}
+
+#[test]
+fn the_default_service_mode_renders_examples_acme_corp_for_both_meshes() {
+    let (envoy, server, creds) = (
+        digest("envoy", "4"),
+        digest("halo-server", "1"),
+        digest("halo-credentials", "2"),
+    );
+    let service = [
+        "--policy-dir",
+        "examples/acme-corp",
+        "--envoy-image",
+        &envoy,
+        "--server-image",
+        &server,
+        "--credentials-image",
+        &creds,
+        "--host",
+        "halo-gateway.acme.com",
+    ];
+    let image = pinned();
+    for (cmd, routing) in [
+        ("istio", "kind: \"VirtualService\""),
+        ("envoy-gateway", "kind: \"HTTPRoute\""),
+    ] {
+        let mut args = vec![cmd, "render", "--image", &image];
+        args.extend(service);
+        let o = halo(&args);
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let yaml = String::from_utf8_lossy(&o.stdout);
+        for needle in [
+            routing,
+            "name: \"halo-gateway\"",
+            "--xds-listen",
+            "\"/ready\"",
+            "kind: \"PodDisruptionBudget\"",
+            "\"rings__rings.yaml\"",
+            "address: halo-server.halos.svc.cluster.local, port_value: 18000",
+            &envoy,
+            &server,
+        ] {
+            assert!(yaml.contains(needle), "{cmd}: {needle} missing");
+        }
+        assert!(
+            !yaml.contains("kind: \"Secret\""),
+            "{cmd}: secrets by reference only"
+        );
+    }
+
+    // The service mode needs its images; the in-proxy mode's kill-list flag is refused
+    // there (halo-server pushes the kill list itself), not ignored.
+    let o = halo(&[
+        "istio",
+        "render",
+        "--policy-dir",
+        "examples/acme-corp",
+        "--image",
+        &image,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--envoy-image"));
+    let mut args = vec!["istio", "render", "--image", &image];
+    args.extend(service);
+    args.extend(["--kill-switch-pubkey", "mesh/tests/fixtures/killswitch.pub"]);
+    let o = halo(&args);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--mode in-proxy"));
+}
+
+#[test]
+fn the_gateway_loads_the_file_the_filter_image_holds() {
+    // The service mode's wasmPath names the module inside `halo wasm publish`'s container
+    // image; halo-mesh (pure) cannot depend on halo-release, so the two are pinned here.
+    assert_eq!(
+        halo_mesh::service::FILTER_FILE,
+        halo_release::wasm::PLUGIN_FILE
+    );
 }

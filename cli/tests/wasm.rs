@@ -103,6 +103,8 @@ fn publish_prints_pinned_refs_that_verify_and_render() {
         let o = halo(&[
             "istio",
             "render",
+            "--mode",
+            "in-proxy",
             "--policy-dir",
             "mesh/tests/fixtures/mesh-corp",
             "--image",

@@ -60,7 +60,7 @@ pub fn wasm_filter_name(ns: &str, policy: &str) -> String {
 
 /// Every Envoy Gateway manifest for `snap`, or why the mesh path cannot serve it.
 pub fn render(snap: &Snapshot, opts: &GatewayOptions) -> Result<Vec<Value>, MeshError> {
-    crate::single_target_routes(snap)?;
+    crate::in_proxy_servable(snap)?;
     crate::check_pull_policy(&opts.image_pull_policy)?;
     let ns = opts.namespace.as_str();
     let issuer = snap.identity.as_ref().filter(|i| !i.issuer.is_empty());
@@ -242,4 +242,52 @@ fn patch_policy(opts: &GatewayOptions, ks: Option<&KillSwitchRef>) -> Value {
             "jsonPatches": patches,
         },
     })
+}
+
+/// The Envoy Gateway routing for the halo gateway as a mesh service ([`crate::service`]):
+/// the namespace, halo-server and the gateway, the HTTPRoute sending every request on
+/// `hosts` through Envoy Gateway's `gateway` (in the same namespace) to the halo
+/// gateway's Service, and a BackendTrafficPolicy lifting Envoy Gateway's request timeout
+/// (responses stream for minutes; the halo gateway times its attempts itself). Provider
+/// TLS, failover and the breaker are the halo gateway's, as in the xDS mode.
+pub fn render_service(
+    snap: &Snapshot,
+    opts: &crate::service::ServiceOptions,
+    gateway: &str,
+    hosts: &[String],
+) -> Result<Vec<Value>, MeshError> {
+    use crate::service::{GATEWAY_NAME, gateway_port};
+    let ns = opts.namespace.as_str();
+    let mut docs = vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": crate::labels()}}),
+    ];
+    docs.extend(crate::service::render(snap, opts)?);
+    let mut route = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": metadata(GATEWAY_NAME, ns),
+        "spec": {
+            "parentRefs": [{"name": gateway}],
+            "rules": [{
+                "name": GATEWAY_NAME,
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [{"kind": "Service", "name": GATEWAY_NAME, "port": gateway_port()}],
+            }],
+        },
+    });
+    if !hosts.is_empty() {
+        route["spec"]["hostnames"] = json!(hosts);
+    }
+    docs.push(route);
+    docs.push(json!({
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "BackendTrafficPolicy",
+        "metadata": metadata(GATEWAY_NAME, ns),
+        "spec": {
+            "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": GATEWAY_NAME}],
+            "timeout": {"http": {"requestTimeout": "0s"}},
+        },
+    }));
+    Ok(docs)
 }

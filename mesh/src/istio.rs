@@ -87,7 +87,7 @@ pub struct IstioOptions {
 
 /// Every Istio manifest for `snap`, or why the mesh cannot serve it.
 pub fn render(snap: &Snapshot, opts: &IstioOptions) -> Result<Vec<Value>, MeshError> {
-    crate::single_target_routes(snap)?;
+    crate::in_proxy_servable(snap)?;
     crate::check_pull_policy(&opts.image_pull_policy)?;
     if opts.selector.is_empty() {
         return Err(MeshError::Option(
@@ -340,4 +340,97 @@ fn wasm_plugin(snap: &Snapshot, settings: &Value, opts: &IstioOptions, selector:
             json!({"env": [{"name": GATEWAY_TOKEN_ENV, "valueFrom": "HOST"}]});
     }
     plugin
+}
+
+/// The Istio routing for the halo gateway as a mesh service ([`crate::service`]): the
+/// `halos` namespace with sidecar injection (the ingress gateway reaches the halo gateway,
+/// and the halo gateway halo-server, over mesh mTLS), halo-server and the gateway, a
+/// PeerAuthentication requiring mTLS on the gateway's model-call port (the admin port stays
+/// plain for the monitoring namespace's scraper), a DestinationRule originating mesh mTLS
+/// to it, the VirtualService binding `gateways`/`hosts` to it, and a ServiceEntry per
+/// external host the gateway's Envoy calls (providers and the identity issuer), so a mesh
+/// with `outboundTrafficPolicy: REGISTRY_ONLY` lets it out. Those are TLS passthrough: the
+/// halo gateway originates and verifies TLS to providers itself, as the gateway plan says
+/// (CA bundle, SAN, SNI), so the sidecar never sees a provider request or key.
+pub fn render_service(
+    snap: &Snapshot,
+    opts: &crate::service::ServiceOptions,
+    gateways: &[String],
+    hosts: &[String],
+) -> Result<Vec<Value>, MeshError> {
+    use crate::service::{ENVOY_ADMIN_PORT, GATEWAY_NAME, gateway_host, gateway_port};
+    let ns = opts.namespace.as_str();
+    let mut namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": crate::labels()}});
+    namespace["metadata"]["labels"]["istio-injection"] = json!("enabled");
+    let mut docs = vec![namespace];
+    docs.extend(crate::service::render(snap, opts)?);
+    let host = gateway_host(ns);
+    let selector = json!({"matchLabels": {"app.kubernetes.io/name": GATEWAY_NAME}});
+    docs.push(json!({
+        "apiVersion": "security.istio.io/v1",
+        "kind": "PeerAuthentication",
+        "metadata": metadata(GATEWAY_NAME, ns),
+        "spec": {
+            "selector": selector,
+            "mtls": {"mode": "STRICT"},
+            "portLevelMtls": {ENVOY_ADMIN_PORT.to_string(): {"mode": "PERMISSIVE"}},
+        },
+    }));
+    docs.push(json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "DestinationRule",
+        "metadata": metadata(GATEWAY_NAME, ns),
+        "spec": {"host": host, "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}},
+    }));
+    docs.push(json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": metadata(GATEWAY_NAME, ns),
+        "spec": {
+            "hosts": hosts,
+            "gateways": gateways,
+            "http": [{
+                "name": GATEWAY_NAME,
+                "route": [{"destination": {"host": host, "port": {"number": gateway_port()}}}],
+                // Model responses stream for minutes; the halo gateway times attempts.
+                "timeout": "0s",
+            }],
+        },
+    }));
+    // The external hosts the gateway's Envoy dials: each routed upstream, and the issuer
+    // (jwt_authn fetches its JWKS).
+    let mut external: Vec<(String, String, u16, bool)> = routed_upstreams(snap)?
+        .into_iter()
+        .map(|u| (u.cluster, u.endpoint.host, u.endpoint.port, u.endpoint.tls))
+        .collect();
+    if let Some(identity) = snap.identity.as_ref().filter(|i| !i.issuer.is_empty()) {
+        let jwks = jwks_uri(&identity.issuer, opts.jwks_uri.as_deref());
+        let ep = halo_envoy_config::plan::endpoint("the issuer's JWKS", &jwks)?;
+        external.push(("halo-issuer".into(), ep.host, ep.port, ep.tls));
+    }
+    for (name, host, port, tls) in external {
+        if host.ends_with(".svc.cluster.local") || host.ends_with(".svc") {
+            continue;
+        }
+        let port = if tls {
+            json!({"number": port, "name": format!("tls-{port}"), "protocol": "TLS"})
+        } else {
+            json!({"number": port, "name": format!("http-{port}"), "protocol": "HTTP"})
+        };
+        docs.push(json!({
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "ServiceEntry",
+            "metadata": metadata(&name, ns),
+            "spec": {
+                "hosts": [host],
+                "location": "MESH_EXTERNAL",
+                "resolution": "DNS",
+                "ports": [port],
+                // Only the halo gateway's namespace uses it.
+                "exportTo": ["."],
+            },
+        }));
+    }
+    Ok(docs)
 }

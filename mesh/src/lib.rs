@@ -3,15 +3,18 @@
 //! returns `serde_json::Value` documents, printed with [`to_yaml`].
 //!
 //! Code map:
-//! - [`istio`]: EnvoyFilter (or WasmPlugin), RequestAuthentication, ServiceEntry +
+//! - [`istio`]: the in-proxy mode: EnvoyFilter (or WasmPlugin), RequestAuthentication, ServiceEntry +
 //!   DestinationRule per upstream, the VirtualService sending the filter's route header to
 //!   them.
-//! - [`envoy_gateway`]: EnvoyExtensionPolicy + EnvoyPatchPolicy, SecurityPolicy, Backend +
+//! - [`envoy_gateway`]: the in-proxy mode: EnvoyExtensionPolicy + EnvoyPatchPolicy, SecurityPolicy, Backend +
 //!   BackendTLSPolicy + BackendTrafficPolicy per upstream, the HTTPRoute.
+//! - [`service`]: the halo gateway as a mesh service (the default mode): halo-server
+//!   driving an Envoy of halo's own over xDS, which the Istio and Envoy Gateway
+//!   renderers' `render_service` route to.
 //! - [`control_plane`]: halo-server's Deployment, Service, NetworkPolicy.
 //!
 //! Shared here: the digest-pinned image reference, the upstream endpoints, the refusal
-//! of policies the mesh path cannot serve (see [`single_target_routes`]) and the kill-list
+//! of alias targets the in-proxy mode cannot serve (see [`in_proxy_servable`]) and the kill-list
 //! poller's settings (see [`KillSwitchRef`]).
 //!
 //! Two facts shape every mesh rendering:
@@ -28,6 +31,7 @@
 pub mod control_plane;
 pub mod envoy_gateway;
 pub mod istio;
+pub mod service;
 
 use halo_envoy_config::plan::{Endpoint, endpoint, used_upstreams};
 use halo_policy::{Snapshot, cluster_names};
@@ -43,13 +47,11 @@ pub enum MeshError {
     #[error("image {0:?} is not an oci://REGISTRY/REPOSITORY@sha256:<digest> reference")]
     BadImage(String),
     #[error(
-        "{context} routes alias {alias:?} to {count} targets: the mesh path cannot serve it. Each target carries its own model id, so a retry or a weighted split to the next target must also rewrite the request body, which only the filter's per-attempt stage on halo's aggregate clusters does; Istio's VirtualService/DestinationRule and Gateway API's weighted backendRefs would send the first target's model id to the other provider. Give the alias one target in this policy, or serve it with the halo xDS server (halo-server --xds-listen) or the standalone Envoy (halo envoy bootstrap), which both build the aggregate clusters"
+        "the in-proxy mode (the filter inside Istio's or Envoy Gateway's own Envoy) cannot serve {n} alias target(s) of this policy: each needs the filter's per-attempt stage, which runs only on halo's aggregate clusters, so the mesh's Envoy would send every attempt the request the filter shaped for the first pick (another provider's model id, untranslated, unsigned, without the gateway's key):\n{list}\nRender the default --mode service (the halo gateway as a mesh service: Envoy driven over xDS by halo-server), which serves every one of them; or give each alias one target of a pass-through kind (anthropic or orchestrator, no credential) for the in-proxy mode",
+        n = .0.len(),
+        list = .0.iter().map(|u| format!("  - {u}")).collect::<Vec<_>>().join("\n")
     )]
-    Failover {
-        context: String,
-        alias: String,
-        count: usize,
-    },
+    InProxy(Vec<Unservable>),
     #[error(transparent)]
     Upstream(#[from] halo_envoy_config::plan::PlanError),
     #[error("{0}")]
@@ -106,36 +108,93 @@ impl Image {
     }
 }
 
-/// Refuse a policy with any route of more than one target: the filter writes the first
-/// pick's cluster, and the failover Envoy would walk (aggregate clusters, see
-/// [`halo_envoy_config::names`]) does not exist on the mesh path, so such a route would
-/// silently lose its failover.
-pub fn single_target_routes(snap: &Snapshot) -> Result<(), MeshError> {
-    let check = |context: String, routes: &halo_policy::snapshot::Routes| {
+/// One alias target the in-proxy mode cannot serve, and what it needs that only the
+/// per-attempt stage gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unservable {
+    /// Where the route is: `models`, `toggle T`, `experiment E variant V`.
+    pub scope: String,
+    pub alias: String,
+    /// `upstream/model`.
+    pub target: String,
+    /// What the target needs per attempt, e.g. "SigV4 signing".
+    pub needs: Vec<&'static str>,
+}
+
+impl std::fmt::Display for Unservable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: alias {:?} target {}: needs {}; served by --mode service",
+            self.scope,
+            self.alias,
+            self.target,
+            self.needs.join(", ")
+        )
+    }
+}
+
+/// What a target of `upstream` needs from the per-attempt stage besides the first pick's
+/// model id: translation (the kinds `halo_filter_core::attempt::translates` names for
+/// some wire), SigV4, and the gateway's own credential (every kind
+/// [`UpstreamKind::is_credentialed`] names, and any upstream with a `credential`).
+fn stage_needs(upstream: &halo_policy::types::Upstream) -> Vec<&'static str> {
+    use halo_policy::types::UpstreamKind as K;
+    let mut needs = Vec::new();
+    match upstream.kind {
+        K::Bedrock => needs.extend(["SigV4 signing", "translation for Anthropic clients"]),
+        K::Vertex => needs.extend(["translation", "a minted Google token"]),
+        K::AzureOpenai => needs.extend(["translation", "the gateway's api-key"]),
+        kind if kind.is_credentialed() => needs.push("the gateway's own credential"),
+        _ if upstream.credential.is_some() => needs.push("the gateway's own credential"),
+        _ => {}
+    }
+    needs
+}
+
+/// Refuse, listing every one, the alias targets the in-proxy mode would serve wrongly:
+/// a route of more than one target (failover or split: the filter shapes the request for
+/// the first pick, and the next attempt would carry that pick's model id, host and
+/// credentials to another target; only halo's aggregate clusters with the per-attempt
+/// stage give each attempt its own), and a target that needs the stage itself
+/// ([`stage_needs`]). Only single pass-through targets remain, which the filter's request
+/// stage serves completely.
+pub fn in_proxy_servable(snap: &Snapshot) -> Result<(), MeshError> {
+    let mut refused = Vec::new();
+    for (scope, routes) in cluster_names::scoped_routes(snap) {
+        let scope = match scope {
+            cluster_names::RouteScope::Gateway => "models".to_string(),
+            cluster_names::RouteScope::Variant {
+                experiment,
+                variant,
+            } => format!("experiment {experiment:?} variant {variant:?}"),
+            cluster_names::RouteScope::Toggle { toggle } => format!("toggle {toggle:?}"),
+        };
         for (alias, targets) in routes {
-            if targets.len() > 1 {
-                return Err(MeshError::Failover {
-                    context: context.clone(),
-                    alias: alias.clone(),
-                    count: targets.len(),
-                });
+            for t in targets {
+                let mut needs = Vec::new();
+                if targets.len() > 1 {
+                    needs.push("its own model id on failover or split");
+                }
+                if let Some(u) = snap.upstreams.get(&t.upstream) {
+                    needs.extend(stage_needs(u));
+                }
+                if !needs.is_empty() {
+                    refused.push(Unservable {
+                        scope: scope.clone(),
+                        alias: alias.clone(),
+                        target: format!("{}/{}", t.upstream, t.model),
+                        needs,
+                    });
+                }
             }
         }
+    }
+    if refused.is_empty() {
         Ok(())
-    };
-    check("the gateway".to_string(), &snap.models)?;
-    for t in &snap.toggles {
-        check(format!("toggle {:?}", t.name), &t.routes)?;
+    } else {
+        Err(MeshError::InProxy(refused))
     }
-    for e in &snap.experiments {
-        for v in &e.variants {
-            check(
-                format!("experiment {:?} variant {:?}", e.name, v.name),
-                &v.routes,
-            )?;
-        }
-    }
-    Ok(())
 }
 
 /// The Envoy wasm PluginConfig field the filter needs (see the module docs).
@@ -241,7 +300,7 @@ pub fn routed_upstreams(snap: &Snapshot) -> Result<Vec<RoutedUpstream>, MeshErro
     let mut values: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
     for (scope, routes) in cluster_names::scoped_routes(snap) {
         for (alias, targets) in routes {
-            // single_target_routes refused every multi-target route before rendering.
+            // in_proxy_servable refused every multi-target route before rendering.
             if let [target] = targets.as_slice() {
                 values
                     .entry(target.upstream.as_str())

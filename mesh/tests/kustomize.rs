@@ -15,7 +15,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{check_against_crds, golden_at, manifest_dir, schemas};
+use common::{check_against_schemas, golden_at, manifest_dir, schemas};
 use halo_mesh::control_plane::{self, ControlPlaneOptions};
 use halo_mesh::istio::{self, Delivery, IstioOptions};
 use halo_mesh::{Image, KillSwitchRef, to_yaml};
@@ -53,6 +53,8 @@ fn base_halo_server() -> Vec<Value> {
         fleet_token_secret: "halo-fleet-token".into(),
         data_claim: "halo-server-data".into(),
         monitoring_namespace: "monitoring".into(),
+        xds: None,
+        data_claim_size: None,
     };
     let mut docs = control_plane::render(&opts).expect("render");
     docs.retain(|d| d["kind"] != "ConfigMap");
@@ -148,7 +150,7 @@ fn every_custom_resource_in_istio_passes_its_crd_schema() {
             .collect();
         if !custom.is_empty() {
             checked += custom.len();
-            check_against_crds(&custom, &schemas);
+            check_against_schemas(&custom, &schemas);
         }
     }
     assert!(checked >= 5, "custom resources checked: {checked}");
@@ -231,5 +233,5 @@ fn kubectl_kustomize_builds_the_overlay() {
         .cloned()
         .collect();
     assert_eq!(custom.len(), overlay_render().len());
-    check_against_crds(&custom, &schemas());
+    check_against_schemas(&custom, &schemas());
 }

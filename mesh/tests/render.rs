@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 
 mod common;
 
-use common::{check_against_crds, golden, manifest_dir, schemas};
+use common::{check_against_schemas, golden, manifest_dir, schemas};
 use halo_mesh::envoy_gateway::{self, GatewayOptions};
 use halo_mesh::istio::{self, Delivery, IstioOptions};
+use halo_mesh::service::ServiceOptions;
 use halo_mesh::{Image, KillSwitchRef, MeshError, to_yaml};
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
@@ -174,7 +175,7 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
 
     // One DestinationRule per routed upstream, breaker 5 x 5xx / 30 s; TLS only for https.
     let rules = kind(&docs, "DestinationRule");
-    assert_eq!(rules.len(), 3);
+    assert_eq!(rules.len(), 2);
     for r in &rules {
         let od = &r["spec"]["trafficPolicy"]["outlierDetection"];
         assert_eq!(
@@ -219,7 +220,7 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
     }
     assert_eq!(
         kind(&docs, "ServiceEntry").len(),
-        2,
+        1,
         "the in-cluster service needs no ServiceEntry"
     );
 
@@ -235,8 +236,8 @@ fn the_envoy_filter_carries_the_stop_iteration_knob_and_a_configuration_the_filt
         "halo-killswitch"
     );
     assert_eq!(wasm["env"]["hostKeys"], json!(["HALO_GATEWAY_TOKEN"]));
-    assert_eq!(kind(&docs, "BackendTLSPolicy").len(), 2);
-    assert_eq!(kind(&docs, "Backend").len(), 3);
+    assert_eq!(kind(&docs, "BackendTLSPolicy").len(), 1);
+    assert_eq!(kind(&docs, "Backend").len(), 2);
     // The EnvoyPatchPolicy sets the knob on the filter Envoy Gateway names after the
     // policy, and adds the cluster the kill-list poll names.
     let patch = kind(&docs, "EnvoyPatchPolicy")[0];
@@ -274,7 +275,7 @@ fn the_wasm_plugin_delivery_is_still_rendered_but_warned_about_and_secrets_stay_
         json!([{"name": "HALO_GATEWAY_TOKEN", "valueFrom": "HOST"}])
     );
     assert!(istio::WASM_PLUGIN_WARNING.contains("allow_on_headers_stop_iteration"));
-    check_against_crds(&docs, &schemas());
+    check_against_schemas(&docs, &schemas());
 
     // The EnvoyFilter delivery cannot reference a pull Secret: refused, not inlined.
     let mut opts = istio_options();
@@ -293,22 +294,365 @@ fn the_wasm_plugin_delivery_is_still_rendered_but_warned_about_and_secrets_stay_
 }
 
 #[test]
-fn failover_routes_are_refused_naming_the_alias() {
+fn the_in_proxy_mode_refuses_every_target_that_needs_the_attempt_stage_naming_alias_target_and_mode()
+ {
     let snap = snapshot("failover");
     for err in [
         istio::render(&snap, &istio_options()).expect_err("istio"),
         envoy_gateway::render(&snap, &gateway_options()).expect_err("envoy gateway"),
     ] {
+        let MeshError::InProxy(refused) = &err else {
+            panic!("{err}")
+        };
         assert!(
-            matches!(&err, MeshError::Failover { alias, count: 2, .. } if alias == "gpt"),
+            refused
+                .iter()
+                .any(|u| u.alias == "gpt"
+                    && u.needs.contains(&"its own model id on failover or split")),
             "{err}"
         );
         let text = err.to_string();
-        // Names the alias, why (the per-target model id), and what to do instead.
-        for needle in ["\"gpt\"", "model id", "halo xDS server", "--xds-listen"] {
+        for needle in ["\"gpt\"", "model id", "--mode service", "per-attempt stage"] {
             assert!(text.contains(needle), "{needle} missing: {text}");
         }
     }
+
+    // The project's own example: every alias target that needs the stage is listed, each
+    // with what it needs, so one refusal says everything the in-proxy mode cannot serve.
+    let acme = acme_corp();
+    let MeshError::InProxy(refused) = istio::render(&acme, &istio_options()).expect_err("acme")
+    else {
+        panic!("an in-proxy refusal")
+    };
+    let find = |alias: &str, target: &str| {
+        refused
+            .iter()
+            .find(|u| u.scope == "models" && u.alias == alias && u.target == target)
+            .unwrap_or_else(|| panic!("{alias} -> {target} not refused: {refused:?}"))
+    };
+    let opus = find(
+        "opus",
+        "bedrock-use1/arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/p7q2opus41bb",
+    );
+    assert!(opus.needs.contains(&"SigV4 signing"), "{opus:?}");
+    assert!(
+        find("sonnet", "vertex-use5/claude-sonnet-4-5@20250929")
+            .needs
+            .contains(&"a minted Google token")
+    );
+    assert!(
+        find("gpt", "azure-openai-eus2/gpt-5-codex")
+            .needs
+            .contains(&"translation")
+    );
+    assert!(
+        find("gpt", "openai/gpt-5-codex")
+            .needs
+            .contains(&"the gateway's own credential")
+    );
+    // haiku is one anthropic target without a credential: the in-proxy mode serves it.
+    assert!(
+        refused
+            .iter()
+            .all(|u| !(u.scope == "models" && u.alias == "haiku")),
+        "{refused:?}"
+    );
+    // Toggles' and experiments' routes are checked as the gateway's are.
+    assert!(refused.iter().any(|u| u.scope != "models"), "{refused:?}");
+    let line = refused[0].to_string();
+    assert!(line.ends_with("served by --mode service"), "{line}");
+
+    // A single target of a credentialed kind is refused too: the mesh's Envoy has no
+    // credential chain, so the provider would get no key.
+    let mut single = snapshot("mesh-corp");
+    if let Some(u) = single.upstreams.get_mut("anthropic-direct") {
+        u.credential = Some(halo_policy::types::Credential {
+            env: Some("ANTHROPIC_API_KEY".into()),
+            file: None,
+        });
+    }
+    let err = envoy_gateway::render(&single, &gateway_options()).expect_err("credential");
+    assert!(err.to_string().contains("\"default\" target anthropic-direct/claude-sonnet-4-5-20250929: needs the gateway's own credential"), "{err}");
+}
+
+fn acme_corp() -> Snapshot {
+    let org = halo_policy::load::load_dir(&manifest_dir().join("../examples/acme-corp"))
+        .expect("examples/acme-corp loads");
+    halo_policy::compile(&org)
+}
+
+fn acme_policy_files() -> Vec<(String, String)> {
+    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<(String, String)>) {
+        for e in std::fs::read_dir(dir).expect("dir") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else if path.extension().is_some_and(|x| x == "yaml") {
+                let rel = path.strip_prefix(root).expect("under root");
+                out.push((
+                    rel.to_string_lossy().into_owned(),
+                    std::fs::read_to_string(&path).expect("policy file"),
+                ));
+            }
+        }
+    }
+    let root = manifest_dir().join("../examples/acme-corp");
+    let mut out = Vec::new();
+    walk(&root, &root, &mut out);
+    out.sort();
+    out
+}
+
+fn service_options() -> ServiceOptions {
+    ServiceOptions {
+        namespace: "halos".into(),
+        envoy_image: format!("docker.io/envoyproxy/envoy@sha256:{}", "4".repeat(64)),
+        server_image: format!(
+            "registry.example.com/halos/halo-server@sha256:{}",
+            "1".repeat(64)
+        ),
+        filter_image: image(),
+        credentials_image: Some(format!(
+            "registry.example.com/halos/halo-credentials@sha256:{}",
+            "2".repeat(64)
+        )),
+        policy_files: acme_policy_files(),
+        replicas: 2,
+        data_size: "5Gi".into(),
+        provider_keys_secret: "halo-provider-keys".into(),
+        settings: json!({}),
+        jwks_uri: None,
+        monitoring_namespace: "monitoring".into(),
+        image_pull_policy: "IfNotPresent".into(),
+    }
+}
+
+fn istio_service() -> Vec<Value> {
+    istio::render_service(
+        &acme_corp(),
+        &service_options(),
+        &["istio-system/halo-gateway".to_string()],
+        &["halo-gateway.acme.com".to_string()],
+    )
+    .expect("the service mode renders examples/acme-corp")
+}
+
+fn envoy_gateway_service() -> Vec<Value> {
+    envoy_gateway::render_service(
+        &acme_corp(),
+        &service_options(),
+        "halo-gateway",
+        &["halo-gateway.acme.com".to_string()],
+    )
+    .expect("the service mode renders examples/acme-corp")
+}
+
+#[test]
+fn the_service_mode_renders_examples_acme_corp_for_both_meshes_matching_the_golden_files() {
+    golden(
+        "istio-service.yaml",
+        &to_yaml(&istio_service(), "rendered from examples/acme-corp"),
+    );
+    golden(
+        "envoy-gateway-service.yaml",
+        &to_yaml(&envoy_gateway_service(), "rendered from examples/acme-corp"),
+    );
+}
+
+#[test]
+fn every_service_mode_manifest_passes_its_schema_kubernetes_or_crd() {
+    let schemas = schemas();
+    check_against_schemas(&istio_service(), &schemas);
+    check_against_schemas(&envoy_gateway_service(), &schemas);
+}
+
+fn named<'a>(docs: &'a [Value], kind_name: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind_name && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind_name} {name} missing"))
+}
+
+#[test]
+fn the_gateway_boots_from_the_bootstrap_the_xds_live_suites_run() {
+    let docs = istio_service();
+    let shipped = named(&docs, "ConfigMap", "halo-gateway")["data"]["envoy.yaml"]
+        .as_str()
+        .expect("envoy.yaml");
+    // By construction: the one function the live suites (tests/src/xds.rs,
+    // control-plane/tests/support/gateway.rs) boot Envoy with, over the same compiled-in
+    // envoy/ads.yaml; only the three values the file marks differ (and STATIC becomes
+    // STRICT_DNS for a Service name).
+    let suites =
+        halo_envoy_config::ads::AdsBootstrap::loopback("halo-gateway", 18000, 9901).render();
+    assert_eq!(suites, halo_envoy_config::ads::ADS_YAML);
+    let differ: Vec<(&str, &str)> = suites
+        .lines()
+        .zip(shipped.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(
+        differ,
+        [
+            (
+                "    socket_address: { address: 127.0.0.1, port_value: 9901 }",
+                "    socket_address: { address: 0.0.0.0, port_value: 9901 }"
+            ),
+            ("      type: STATIC", "      type: STRICT_DNS"),
+            (
+                "                    socket_address: { address: 127.0.0.1, port_value: 18000 }",
+                "                    socket_address: { address: halo-server.halos.svc.cluster.local, port_value: 18000 }"
+            ),
+        ]
+    );
+    // The ADS address is halo-server's Service and its xDS port, which halo-server listens
+    // on and the NetworkPolicy opens to the gateway pods alone.
+    let server = named(&docs, "Deployment", "halo-server");
+    let args = server["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args");
+    let after = |flag: &str| {
+        let i = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag}"));
+        args[i + 1].as_str().expect("value").to_string()
+    };
+    assert_eq!(after("--xds-listen"), "0.0.0.0:18000");
+    let np = named(&docs, "NetworkPolicy", "halo-server");
+    let xds_rule = np["spec"]["ingress"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["ports"][0]["port"] == 18000)
+        .expect("xds rule");
+    assert_eq!(
+        xds_rule["from"],
+        json!([{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "halo-gateway"}}}])
+    );
+    // The gateway file halo-server reads decodes strictly into the settings the plan takes,
+    // and points the filter at the module the image volume mounts.
+    let file = named(&docs, "ConfigMap", "halo-xds-gateway")["data"]["xds-gateway.yaml"]
+        .as_str()
+        .expect("gateway file");
+    let settings: halo_envoy_config::plan::GatewaySettings =
+        serde_saphyr::from_str(file).expect("a valid gateway file");
+    assert_eq!(settings.wasm_path, "/etc/halos/filter/plugin.wasm");
+    assert_eq!(
+        settings.vertex_token_sds.as_deref(),
+        Some("/run/halo/sds/vertex.yaml")
+    );
+    assert_eq!(
+        settings.killswitch_url.as_deref(),
+        Some("http://halo-server.halos.svc.cluster.local:8080/api/v1/gateway/killswitch")
+    );
+    assert_eq!(
+        settings.evidence.as_ref().map(|e| e.url.as_str()),
+        Some("http://halo-server.halos.svc.cluster.local:4319"),
+        "evidence to halo-server's gateway receiver (its own token file)"
+    );
+    let gw = named(&docs, "Deployment", "halo-gateway");
+    let pod = &gw["spec"]["template"]["spec"];
+    let filter = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "filter")
+        .expect("filter volume");
+    assert_eq!(filter["image"]["reference"], image().reference());
+    let envoy = &pod["containers"][0];
+    assert_eq!(envoy["readinessProbe"]["httpGet"]["path"], "/ready");
+    // Provider keys by reference: each credential env the policy routes to, and AWS's.
+    let env: Vec<&str> = envoy["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter(|e| e["valueFrom"]["secretKeyRef"]["name"] == "halo-provider-keys")
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(
+        env,
+        [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AZURE_OPENAI_API_KEY",
+            "GEMINI_API_KEY",
+            "OPENAI_API_KEY"
+        ]
+    );
+    assert_eq!(
+        pod["containers"][1]["name"], "halo-credentials",
+        "vertex: the token minter"
+    );
+}
+
+#[test]
+fn the_service_mode_keeps_admin_ports_private_and_secrets_out() {
+    for docs in [istio_service(), envoy_gateway_service()] {
+        assert!(
+            kind(&docs, "Secret").is_empty(),
+            "secrets are referenced, never rendered"
+        );
+        let text = to_yaml(&docs, "");
+        assert!(!text.contains("BEGIN PRIVATE KEY"));
+        for svc in kind(&docs, "Service") {
+            for p in svc["spec"]["ports"].as_array().expect("ports") {
+                assert!(
+                    p["port"] != 9901 && p["port"] != 9090,
+                    "an admin port is never a Service port: {svc}"
+                );
+            }
+        }
+        let np = named(&docs, "NetworkPolicy", "halo-gateway");
+        let admin = np["spec"]["ingress"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .find(|r| r["ports"][0]["port"] == 9901)
+            .expect("admin rule");
+        assert_eq!(
+            admin["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+            "monitoring"
+        );
+        let pdb = named(&docs, "PodDisruptionBudget", "halo-gateway");
+        assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+        let pvc = named(&docs, "PersistentVolumeClaim", "halo-server-data");
+        assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "5Gi");
+    }
+    // Istio: mesh mTLS to the gateway; TLS passthrough to the providers (the halo gateway
+    // originates and verifies TLS itself).
+    let docs = istio_service();
+    assert_eq!(
+        named(&docs, "DestinationRule", "halo-gateway")["spec"]["trafficPolicy"]["tls"]["mode"],
+        "ISTIO_MUTUAL"
+    );
+    assert_eq!(
+        named(&docs, "PeerAuthentication", "halo-gateway")["spec"]["mtls"]["mode"],
+        "STRICT"
+    );
+    let bedrock = named(&docs, "ServiceEntry", "halo-upstream-bedrock-use1");
+    assert_eq!(bedrock["spec"]["ports"][0]["protocol"], "TLS");
+    assert!(
+        kind(&docs, "DestinationRule").len() == 1,
+        "no TLS origination by the sidecar"
+    );
+    let vs = named(&docs, "VirtualService", "halo-gateway");
+    assert_eq!(
+        vs["spec"]["http"][0]["route"][0]["destination"]["host"],
+        "halo-gateway.halos.svc.cluster.local"
+    );
+    // Envoy Gateway: the HTTPRoute to the gateway's Service, no request timeout.
+    let docs = envoy_gateway_service();
+    let route = named(&docs, "HTTPRoute", "halo-gateway");
+    assert_eq!(
+        route["spec"]["rules"][0]["backendRefs"][0]["name"],
+        "halo-gateway"
+    );
+    assert_eq!(route["spec"]["rules"][0]["backendRefs"][0]["port"], 8080);
+    // Vertex without the minter's image is refused, not rendered without a token.
+    let mut opts = service_options();
+    opts.credentials_image = None;
+    let err = istio::render_service(&acme_corp(), &opts, &[], &[]).expect_err("no minter");
+    assert!(err.to_string().contains("--credentials-image"), "{err}");
 }
 
 #[test]
@@ -321,11 +665,11 @@ fn a_tag_only_image_is_refused() {
 fn every_manifest_is_valid_against_the_upstream_crds() {
     let schemas = schemas();
     let snap = snapshot("mesh-corp");
-    check_against_crds(
+    check_against_schemas(
         &istio::render(&snap, &istio_options()).expect("istio"),
         &schemas,
     );
-    check_against_crds(
+    check_against_schemas(
         &envoy_gateway::render(&snap, &gateway_options()).expect("envoy gateway"),
         &schemas,
     );
@@ -337,14 +681,14 @@ fn the_schema_check_catches_a_wrong_field() {
     let mut docs = istio::render(&snapshot("mesh-corp"), &istio_options()).expect("istio");
     let good = docs[0].clone();
     docs[0]["spec"]["configPatches"][1]["patch"]["filterClass"] = json!("AFTER_AUTHN");
-    let result = std::panic::catch_unwind(|| check_against_crds(&docs[..1], &schemas));
+    let result = std::panic::catch_unwind(|| check_against_schemas(&docs[..1], &schemas));
     assert!(
         result.is_err(),
         "a filter class outside the CRD's enum must be refused"
     );
     docs[0] = good;
     docs[0]["spec"]["workloadSelectors"] = json!("typo");
-    let result = std::panic::catch_unwind(|| check_against_crds(&docs[..1], &schemas));
+    let result = std::panic::catch_unwind(|| check_against_schemas(&docs[..1], &schemas));
     assert!(
         result.is_err(),
         "a field Kubernetes would prune must be refused"
@@ -371,6 +715,8 @@ fn control_plane_options() -> halo_mesh::control_plane::ControlPlaneOptions {
         fleet_token_secret: "halo-fleet-token".into(),
         data_claim: "halo-server-data".into(),
         monitoring_namespace: "monitoring".into(),
+        xds: None,
+        data_claim_size: None,
     }
 }
 

@@ -1,4 +1,5 @@
-//! Shared by the mesh tests: golden files and the upstream CRD schema checks.
+//! Shared by the mesh tests: golden files and the schema checks (the upstream CRDs and
+//! Kubernetes' own schemas for its built-in kinds).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -62,7 +63,7 @@ pub fn schemas() -> BTreeMap<(String, String), Value> {
         "gateway-api/standard-gatewayapi-crds.yaml",
     ];
     let vendored = manifest_dir().join("tests/crds/gateway.envoyproxy.io_envoypatchpolicies.yaml");
-    let mut out = BTreeMap::new();
+    let mut out = kubernetes_schemas();
     for path in files.iter().map(|f| dir.join(f)).chain([vendored]) {
         let text =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -88,6 +89,25 @@ pub fn schemas() -> BTreeMap<(String, String), Value> {
                 );
             }
         }
+    }
+    out
+}
+
+/// Kubernetes' own schemas (v1.35, strict: an unknown field is refused) for the built-in
+/// kinds the renderers emit, from tests/k8s (see its README), keyed like the CRDs'.
+fn kubernetes_schemas() -> BTreeMap<(String, String), Value> {
+    let path = manifest_dir().join("tests/k8s/schemas-v1.35.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let all: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut out = BTreeMap::new();
+    for (key, def) in all["kinds"].as_object().expect("kinds") {
+        let (api, kind) = key.split_once(' ').expect("`apiVersion kind`");
+        let def = def.as_str().expect("definition name");
+        out.insert(
+            (api.to_string(), kind.to_string()),
+            json!({"$defs": all["$defs"], "$ref": format!("#/$defs/{def}")}),
+        );
     }
     out
 }
@@ -140,7 +160,7 @@ pub fn openapi_to_json_schema(mut v: Value) -> Value {
     v
 }
 
-pub fn check_against_crds(docs: &[Value], schemas: &BTreeMap<(String, String), Value>) {
+pub fn check_against_schemas(docs: &[Value], schemas: &BTreeMap<(String, String), Value>) {
     assert!(!docs.is_empty());
     for doc in docs {
         let key = (
@@ -149,7 +169,7 @@ pub fn check_against_crds(docs: &[Value], schemas: &BTreeMap<(String, String), V
         );
         let schema = schemas
             .get(&key)
-            .unwrap_or_else(|| panic!("no CRD schema for {key:?}"));
+            .unwrap_or_else(|| panic!("no schema for {key:?}"));
         let validator = jsonschema::options()
             .should_validate_formats(false)
             .build(schema)
@@ -160,7 +180,7 @@ pub fn check_against_crds(docs: &[Value], schemas: &BTreeMap<(String, String), V
             .collect();
         assert!(
             errors.is_empty(),
-            "{key:?} {} is refused by its CRD schema:\n{}",
+            "{key:?} {} is refused by its schema:\n{}",
             doc["metadata"]["name"],
             errors.join("\n")
         );
