@@ -449,13 +449,29 @@ fn envoy_gateway_service() -> Vec<Value> {
 
 #[test]
 fn the_service_mode_renders_examples_acme_corp_for_both_meshes_matching_the_golden_files() {
+    // The policy files' contents are halo-server's ConfigMap verbatim: the golden files
+    // name them instead, so an edit to the example does not touch them.
+    let mut opts = service_options();
+    for (path, text) in &mut opts.policy_files {
+        *text = format!("<examples/acme-corp/{path}>");
+    }
+    let hosts = ["halo-gateway.acme.com".to_string()];
+    let istio = istio::render_service(
+        &acme_corp(),
+        &opts,
+        &["istio-system/halo-gateway".to_string()],
+        &hosts,
+    )
+    .expect("istio");
     golden(
         "istio-service.yaml",
-        &to_yaml(&istio_service(), "rendered from examples/acme-corp"),
+        &to_yaml(&istio, "rendered from examples/acme-corp"),
     );
+    let eg = envoy_gateway::render_service(&acme_corp(), &opts, "halo-gateway", &hosts)
+        .expect("envoy gateway");
     golden(
         "envoy-gateway-service.yaml",
-        &to_yaml(&envoy_gateway_service(), "rendered from examples/acme-corp"),
+        &to_yaml(&eg, "rendered from examples/acme-corp"),
     );
 }
 
