@@ -709,6 +709,22 @@ fn the_schema_check_catches_a_wrong_field() {
         result.is_err(),
         "a field Kubernetes would prune must be refused"
     );
+    // Built-in kinds too: Kubernetes' own schema refuses a misspelt Deployment field and
+    // a wrongly typed port.
+    let service = istio_service();
+    let deployment = named(&service, "Deployment", "halo-gateway").clone();
+    let mut typo = deployment.clone();
+    typo["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = json!({});
+    let result = std::panic::catch_unwind(|| check_against_schemas(&[typo], &schemas));
+    assert!(
+        result.is_err(),
+        "a misspelt container field must be refused"
+    );
+    let mut wrong = deployment;
+    wrong["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] =
+        json!("eighty");
+    let result = std::panic::catch_unwind(|| check_against_schemas(&[wrong], &schemas));
+    assert!(result.is_err(), "a string containerPort must be refused");
 }
 
 fn control_plane_options() -> halo_mesh::control_plane::ControlPlaneOptions {
