@@ -526,6 +526,71 @@ async fn a_killed_experiment_reverts_within_one_kill_poll_and_comes_back_when_un
     assert!(state.kill_envelope.is_some());
 }
 
+/// The client axis of a rollout end to end (issue #23): acme-corp's harness-upgrade
+/// rollout running at step 0 (the canary ring, 5%) is published; a canary device whose
+/// user the 5% leaves on control applies control's channel. The advance PR merged (step
+/// 1: the canary ring whole) and the ring published again, the same device's next cycle
+/// moves it to the `next` variant's channel (the engineering-next profile).
+#[tokio::test(flavor = "current_thread")]
+async fn a_client_rollouts_advance_moves_a_device_to_the_change_once_republished() {
+    const NEXT: &str = "engineering-next-canary";
+    let mut w = World::new().await;
+    let mut org = acme();
+    // The rollout started: its experiment runs. The opus A/B test of the same ring is
+    // concluded: halod applies one client experiment per device, the first listed.
+    org.experiments.get_mut(EXPERIMENT).unwrap().status = halo_policy::ExperimentStatus::Concluded;
+    org.experiments.get_mut(NEXT).unwrap().status = halo_policy::ExperimentStatus::Running;
+    let rollout = org.rollouts.get_mut("harness-upgrade").unwrap();
+    rollout.status = halo_policy::RolloutStatus::Running;
+    rollout.step = 0;
+    let salt = org.experiments[NEXT].salt.clone();
+    let user = (0..1000)
+        .map(|i| format!("dev{i}@acme.com"))
+        .find(|u| halo_policy::assign::variant(&salt, u, &[95, 5]) == Some(0))
+        .expect("a user the 5% leaves on control");
+
+    let channel = |build: &RingBuild, variant: &str| {
+        build
+            .channels
+            .iter()
+            .find(|c| {
+                c.manifest
+                    .channel
+                    .as_ref()
+                    .is_some_and(|c| c.experiment == NEXT && c.variant == variant)
+            })
+            .cloned()
+            .expect("the variant's channel")
+    };
+    let step0 = w.publish(&org, "1.0.0").await;
+    let mut agent = w.agent(&user, "").await;
+    let first = agent.cycle().await;
+    assert_eq!(first.outcome, Outcome::Applied, "{}", first.line());
+    let a = first.assignment.clone().expect("assigned");
+    assert_eq!(
+        (a.experiment.as_str(), a.variant.as_str()),
+        (NEXT, "control")
+    );
+    let control = channel(&step0, "control");
+    assert_eq!(first.digest.as_deref(), Some(control.digest.as_str()));
+
+    // The advance PR merged: step 1 takes the canary ring whole; the ring is published.
+    org.rollouts.get_mut("harness-upgrade").unwrap().step = 1;
+    let step1 = w.publish(&org, "1.0.1").await;
+    let second = agent.cycle().await;
+    // engineering-next differs from engineering in its harness version pins, which no
+    // managed file carries: the files stay, the device's release is the channel's.
+    assert!(
+        matches!(second.outcome, Outcome::Applied | Outcome::Unchanged),
+        "{}",
+        second.line()
+    );
+    assert_eq!(second.assignment.expect("assigned").variant, "next");
+    let next = channel(&step1, "next");
+    assert_eq!(second.digest.as_deref(), Some(next.digest.as_str()));
+    assert_ne!(next.digest, control.digest);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn run_reverts_a_killed_experiment_on_the_kill_poll() {
     let mut w = World::new().await;
