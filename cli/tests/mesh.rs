@@ -278,3 +278,58 @@ fn the_gateway_loads_the_file_the_filter_image_holds() {
         halo_release::wasm::PLUGIN_FILE
     );
 }
+
+#[test]
+fn the_rendered_gateway_bootstrap_loads_in_envoy_1_40() {
+    // The bootstrap the service mode ships, taken from the rendered stream as kubectl
+    // would apply it, validated by the Envoy the live suites run (`--mode validate` loads
+    // every part of it; the ADS cluster's Service name is not resolved there).
+    let (envoy, server, creds) = (
+        digest("envoy", "4"),
+        digest("halo-server", "1"),
+        digest("halo-credentials", "2"),
+    );
+    let image = pinned();
+    let o = halo(&[
+        "envoy-gateway",
+        "render",
+        "--policy-dir",
+        "examples/acme-corp",
+        "--image",
+        &image,
+        "--envoy-image",
+        &envoy,
+        "--server-image",
+        &server,
+        "--credentials-image",
+        &creds,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&String::from_utf8_lossy(&o.stdout)).expect("YAML stream");
+    let bootstrap = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "halo-gateway")
+        .and_then(|d| d["data"]["envoy.yaml"].as_str())
+        .expect("the gateway's bootstrap ConfigMap");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, bootstrap).expect("write");
+    let out = Command::new(halo_testkit::envoy::envoy_binary())
+        .args([
+            "--mode",
+            "validate",
+            "--service-node",
+            "halo-gateway-0",
+            "-c",
+        ])
+        .arg(&path)
+        .output()
+        .expect("run envoy");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
