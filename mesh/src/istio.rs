@@ -365,6 +365,15 @@ pub fn render_service(
     namespace["metadata"]["labels"]["istio-injection"] = json!("enabled");
     let mut docs = vec![namespace];
     docs.extend(crate::service::render(snap, opts)?);
+    // The gateway's Envoy dials halo-server through its sidecar as it starts: hold it
+    // until the sidecar is up (it would retry, but every first attempt would fail).
+    for d in &mut docs {
+        if d["kind"] == "Deployment" && d["metadata"]["name"] == GATEWAY_NAME {
+            d["spec"]["template"]["metadata"]["annotations"] = json!({
+                "proxy.istio.io/config": "{\"holdApplicationUntilProxyStarts\": true}",
+            });
+        }
+    }
     let host = gateway_host(ns);
     let selector = json!({"matchLabels": {"app.kubernetes.io/name": GATEWAY_NAME}});
     docs.push(json!({
