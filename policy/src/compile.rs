@@ -3,7 +3,7 @@
 //! Deterministic: the same policy gives the same bytes, whatever the file layout or the
 //! order documents were read in, because every collection is sorted here.
 //!
-//! A running (or paused) Rollout decides its backing experiment's cohort: the compiled
+//! A running, paused or complete Rollout decides its backing experiment's cohort: the compiled
 //! experiment enrolls the rings of the steps reached so far and gives the current step's
 //! `percent` (the whole ring without one) to the treatment ([`rollout_cohort`]). So the
 //! advance PR, which sets `step:` only, is what widens the change, and the rollout's steps
@@ -30,18 +30,20 @@ pub struct Cohort {
     pub percent: u32,
 }
 
-/// The cohort `rollout` routes to its change now: `None` unless it is running or paused
-/// (a pending rollout has not started; a complete or rolled-back one drives nothing) and
-/// its step exists. Validation makes the one split per experiment able to carry every
-/// step (a step cannot narrow a ring an earlier step took whole).
+/// The cohort `rollout` routes to its change now: at its current step while running or
+/// paused, at its last step once complete (the change stays where the rollout took it
+/// until a human moves it into the Gateway's route or the ring's release and concludes
+/// the experiment), and `None` when pending (not started), rolled back (its experiment is
+/// paused, so control) or at a step that does not exist. Validation makes the one split
+/// per experiment able to carry every step (no step narrows a ring an earlier one took
+/// whole).
 pub fn rollout_cohort(rollout: &Rollout) -> Option<Cohort> {
-    if !matches!(
-        rollout.status,
-        RolloutStatus::Running | RolloutStatus::Paused
-    ) {
-        return None;
-    }
-    let reached = rollout.steps.get(..=rollout.step as usize)?;
+    let last = match rollout.status {
+        RolloutStatus::Running | RolloutStatus::Paused => rollout.step as usize,
+        RolloutStatus::Complete => rollout.steps.len().checked_sub(1)?,
+        RolloutStatus::Pending | RolloutStatus::RolledBack => return None,
+    };
+    let reached = rollout.steps.get(..=last)?;
     let mut rings: Vec<String> = reached.iter().map(|s| s.ring.clone()).collect();
     rings.sort();
     rings.dedup();
@@ -53,11 +55,16 @@ pub fn rollout_cohort(rollout: &Rollout) -> Option<Cohort> {
 /// weights (in variant order), or those a rollout driving it sets. The snapshot and the
 /// client releases (halod's channels) both read this.
 pub fn enrollment(org: &Org, experiment: &Experiment) -> (Vec<String>, Vec<u32>) {
-    let cohort = org
-        .rollouts
-        .values()
-        .filter(|r| r.experiment == experiment.name)
-        .find_map(rollout_cohort);
+    // An active rollout (validation allows one) before a complete one left in the repo.
+    let backing = || {
+        org.rollouts
+            .values()
+            .filter(|r| r.experiment == experiment.name)
+    };
+    let cohort = backing()
+        .filter(|r| r.status != RolloutStatus::Complete)
+        .find_map(rollout_cohort)
+        .or_else(|| backing().find_map(rollout_cohort));
     let (mut rings, weights) = match &cohort {
         Some(c) => apply_cohort(experiment, c),
         None => (

@@ -983,6 +983,16 @@ fn a_running_rollouts_step_decides_the_compiled_cohort() {
     rollout(&mut org).step = 0;
     experiment(&mut org, "sonnet-canary").variants[1].weight = 50;
     assert_eq!(cohort(&org), (vec!["early".to_string()], vec![90, 10]));
+    // Complete: the last step's cohort stays (completing must not shrink the change
+    // back to the experiment's own split).
+    rollout(&mut org).status = RolloutStatus::Complete;
+    assert_eq!(
+        cohort(&org),
+        (
+            vec!["early".to_string(), "everyone".to_string()],
+            vec![0, 100]
+        )
+    );
     // Pending: the experiment as written.
     rollout(&mut org).status = RolloutStatus::Pending;
     assert_eq!(
