@@ -386,6 +386,21 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     assert!(text.contains("no_evidence"), "no records yet: {text}");
     check_accessible(&c).await;
     shot(&c, "rollout").await;
+    // Its experiment's page shows the enrolment served, which the rollout sets (step 1:
+    // the canary ring whole), not the document's 90/10 over three rings.
+    c.find(Locator::LinkText(EXPERIMENT))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let text = wait_text(&c, "Rings and weights as rollout").await;
+    assert!(
+        text.contains(
+            "in rings canary. Rings and weights as rollout sonnet-bedrock sets them at step 1"
+        ),
+        "{text}"
+    );
 
     // The experiment on its own (its rollout file removed from the policy dir): at each
     // tick the controller evaluates it, and its page draws the interval of treatment -
@@ -416,6 +431,11 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
         .unwrap();
     let text = wait_text(&c, "Over this run").await;
     assert!(text.contains("Run 1, evaluated"), "{text}");
+    // Without its rollout, the enrolment is the document's own.
+    assert!(
+        text.contains("running, in rings canary, early, general."),
+        "{text}"
+    );
     assert!(
         text.contains(
             "Enrolled this run: 12000 units (canary 6000, control 6000); spend 0.00 USD."

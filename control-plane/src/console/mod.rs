@@ -592,7 +592,7 @@ async fn overview(State(console): State<Console>, s: Session) -> Response {
                             td { (word(&e.experiment_type)) }
                             td { (word(&e.axis)) }
                             td { (word(&e.status)) }
-                            td { (e.rings.join(", ")) }
+                            td { (halo_policy::compile::enrollment(org, e).0.join(", ")) }
                             td { (killed_cell(is_killed(Target::Experiment, &e.name))) }
                         }
                     }
@@ -750,7 +750,14 @@ async fn experiment(
             );
         }
     };
-    let total: u32 = e.variants.iter().map(|v| v.weight).sum();
+    // What is served: a rollout driving the experiment sets its rings and split.
+    let (rings, weights) = halo_policy::compile::enrollment(&policy.org, e);
+    let driver = policy
+        .org
+        .rollouts
+        .values()
+        .find(|r| r.experiment == name && halo_policy::compile::rollout_cohort(r).is_some());
+    let total: u32 = weights.iter().sum();
     let report = console
         .app
         .controller
@@ -767,17 +774,22 @@ async fn experiment(
         csrf: &s.csrf,
     };
     let body = html! {
-        p { (word(&e.experiment_type)) " experiment on the " (word(&e.axis)) " axis, " strong { (word(&e.status)) } ", in rings " (e.rings.join(", ")) "." }
+        p {
+            (word(&e.experiment_type)) " experiment on the " (word(&e.axis)) " axis, " strong { (word(&e.status)) } ", in rings " (rings.join(", ")) "."
+            @if let Some(r) = driver {
+                " Rings and weights as rollout " a href={ "/console/rollouts/" (r.name) } { (r.name) } " sets them at step " (r.step) " (the document says rings " (e.rings.join(", ")) ")."
+            }
+        }
         section aria-labelledby="variants" {
             h2 #variants { "Variants" }
             table {
                 thead { tr { th scope="col" { "Variant" } th scope="col" { "Weight" } th scope="col" { "Share" } th scope="col" { "Changes" } } }
                 tbody {
-                    @for v in &e.variants {
+                    @for (v, weight) in e.variants.iter().zip(weights.iter().copied()) {
                         tr {
                             td { (v.name) }
-                            td { (v.weight) }
-                            td { (format!("{:.0}%", if total > 0 { f64::from(v.weight) * 100.0 / f64::from(total) } else { 0.0 })) }
+                            td { (weight) }
+                            td { (format!("{:.0}%", if total > 0 { f64::from(weight) * 100.0 / f64::from(total) } else { 0.0 })) }
                             td {
                                 @for (alias, route) in &v.routes {
                                     (alias) " → " (route.normalized_targets().iter().map(|t| format!("{}/{}", t.upstream, t.model)).collect::<Vec<_>>().join(", ")) br;
