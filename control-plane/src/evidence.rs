@@ -6,8 +6,12 @@
 //! `--otlp-cli-http-listen`, spec :4318; token optional), gateway (`--otlp-gateway-listen`,
 //! :4319; token required) and eval (`--otlp-eval-listen`, :4320; token required, and it
 //! must differ from the gateway's). Every listener speaks both OTLP/gRPC
-//! (`LogsService/Export`, HTTP/2) and OTLP/HTTP protobuf (`POST /v1/logs`, HTTP/1.1), so
-//! Envoy's gRPC access logger and a harness's HTTP exporter reach any of them. The
+//! (`LogsService/Export`, HTTP/2) and OTLP/HTTP (`POST /v1/logs`, HTTP/1.1, protobuf or
+//! JSON), so Envoy's gRPC access logger and a harness's HTTP exporter reach any of them.
+//! OTLP/HTTP metrics and traces (`/v1/metrics`, `/v1/traces`) are acknowledged and
+//! dropped, counted as `ignored_batches`: a harness exports all three signals to the one
+//! endpoint it is given (Gemini CLI does), and a 404 would print an exporter error in
+//! the developer's terminal on every export. The
 //! receiver stamps the source of its zone; a record's own `halo.source` is never read.
 //!
 //! They live in halo-server rather than a collector binary: the store is halo-server's
@@ -428,7 +432,49 @@ fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> 
     resp
 }
 
-/// OTLP/HTTP, binary protobuf (`application/x-protobuf`).
+/// How an OTLP/HTTP body is encoded; the answer is encoded the same way (OTLP/HTTP
+/// requires receivers to take both: Gemini CLI sends JSON, Envoy and Claude Code's
+/// `http/protobuf` send protobuf).
+#[derive(Clone, Copy, PartialEq)]
+enum Encoding {
+    Protobuf,
+    Json,
+}
+
+impl Encoding {
+    fn of(content_type: &str) -> Option<Encoding> {
+        let media = content_type.split(';').next().unwrap_or("").trim();
+        if media.eq_ignore_ascii_case("application/x-protobuf") {
+            Some(Encoding::Protobuf)
+        } else if media.eq_ignore_ascii_case("application/json") {
+            Some(Encoding::Json)
+        } else {
+            None
+        }
+    }
+
+    fn decode(self, body: &[u8]) -> Result<ExportLogsServiceRequest, String> {
+        match self {
+            Encoding::Protobuf => ExportLogsServiceRequest::decode(body).map_err(|e| e.to_string()),
+            Encoding::Json => serde_json::from_slice(body).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Full success: an empty ExportLogsServiceResponse (no `partialSuccess`).
+    fn accepted(self) -> Response {
+        match self {
+            Encoding::Protobuf => (
+                [(header::CONTENT_TYPE, "application/x-protobuf")],
+                ExportLogsServiceResponse::default().encode_to_vec(),
+            )
+                .into_response(),
+            Encoding::Json => ([(header::CONTENT_TYPE, "application/json")], "{}").into_response(),
+        }
+    }
+}
+
+/// OTLP/HTTP logs, binary protobuf (`application/x-protobuf`) or JSON (`application/json`,
+/// OTLP's JSON mapping: hex ids, 64-bit integers as strings or numbers).
 async fn http_logs(State(zone): State<Arc<Zone>>, headers: HeaderMap, body: Bytes) -> Response {
     let auth = headers
         .get(header::AUTHORIZATION)
@@ -445,30 +491,30 @@ async fn http_logs(State(zone): State<Arc<Zone>>, headers: HeaderMap, body: Byte
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !content_type.starts_with("application/x-protobuf") {
+    let Some(encoding) = Encoding::of(content_type) else {
         return error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
-            "OTLP/HTTP logs are accepted as application/x-protobuf",
+            "OTLP/HTTP logs are accepted as application/x-protobuf or application/json",
         );
-    }
-    let request = match ExportLogsServiceRequest::decode(body) {
+    };
+    let request = match encoding.decode(&body) {
         Ok(r) => r,
         Err(e) => {
             zone.evidence.metrics.add("refused_batches", zone.source, 1);
+            let code = match encoding {
+                Encoding::Protobuf => "malformed_protobuf",
+                Encoding::Json => "malformed_json",
+            };
             return error(
                 StatusCode::BAD_REQUEST,
-                "malformed_protobuf",
+                code,
                 format!("the body is not an OTLP ExportLogsServiceRequest: {e}"),
             );
         }
     };
     match zone.ingest(request).await {
-        Ok(_) => (
-            [(header::CONTENT_TYPE, "application/x-protobuf")],
-            ExportLogsServiceResponse::default().encode_to_vec(),
-        )
-            .into_response(),
+        Ok(_) => encoding.accepted(),
         Err(Refusal::Malformed(m)) => error(StatusCode::BAD_REQUEST, "malformed_record", m),
         Err(Refusal::Store) => error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -479,6 +525,36 @@ async fn http_logs(State(zone): State<Arc<Zone>>, headers: HeaderMap, body: Byte
             error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "unexpected")
         }
     }
+}
+
+/// OTLP/HTTP metrics or traces: not evidence. Authorized and acknowledged like logs,
+/// then dropped undecoded (counted), so a harness exporting every signal to the one
+/// endpoint it was given logs no exporter errors.
+async fn http_discard(State(zone): State<Arc<Zone>>, headers: HeaderMap) -> Response {
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !zone.authorized(auth) {
+        zone.refuse(&Refusal::Unauthenticated);
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "this receiver requires its bearer token",
+        );
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let Some(encoding) = Encoding::of(content_type) else {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "OTLP/HTTP is accepted as application/x-protobuf or application/json",
+        );
+    };
+    zone.evidence.metrics.add("ignored_batches", zone.source, 1);
+    encoding.accepted()
 }
 
 async fn too_large(zone: Arc<Zone>, response: Response) -> Response {
@@ -505,6 +581,8 @@ async fn serve(
     let z = Arc::clone(&zone);
     let http = axum::Router::new()
         .route("/v1/logs", post(http_logs))
+        .route("/v1/metrics", post(http_discard))
+        .route("/v1/traces", post(http_discard))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::map_response(move |r: Response| {
             let z = Arc::clone(&z);

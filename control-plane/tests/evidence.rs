@@ -13,6 +13,7 @@ use halo_server::evidence::{EvidenceSettings, Receivers};
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_client::LogsServiceClient;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use prost::Message as _;
+use serde_json::json;
 use support::{Env, Server, serve};
 
 const OTLP_GATEWAY_TOKEN: &str = "9b8e7d1c2a3f40516e7d8c9b0a1f2e3d4c5b6a79808f7e6d5c4b3a2910f8e7d6";
@@ -131,9 +132,18 @@ async fn http(
     token: Option<&str>,
     body: Vec<u8>,
 ) -> (u16, serde_json::Value) {
+    http_as(addr, token, "application/x-protobuf", body).await
+}
+
+async fn http_as(
+    addr: std::net::SocketAddr,
+    token: Option<&str>,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value) {
     let mut req = reqwest::Client::new()
         .post(format!("http://{addr}/v1/logs"))
-        .header("content-type", "application/x-protobuf")
+        .header("content-type", content_type)
         .body(body);
     if let Some(t) = token {
         req = req.bearer_auth(t);
@@ -269,6 +279,84 @@ async fn a_cli_record_cannot_claim_the_gateway_source(backend: Backend) {
     });
     assert_eq!(samples.len(), 1);
     assert_eq!(samples[0].source, Source::Cli);
+    server.stop().await;
+}
+
+/// OTLP/HTTP's JSON encoding, which Gemini CLI's exporter sends (seen with Gemini CLI
+/// 0.61.0: `POST <endpoint>/v1/logs`, `content-type: application/json`, chunked): a record
+/// is stored as from protobuf, a harness's own event (no `halo.unit`) is counted as
+/// ignored, and malformed JSON is a 400 naming the encoding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receivers_take_otlp_json_as_gemini_cli_sends_it() {
+    let env = Env::new().await;
+    let server = start(&env, Backend::Sqlite).await;
+    let receivers = receivers(&server);
+    let cli = receivers.addr(Source::Cli).expect("cli addr");
+    let json = serde_json::to_vec(&otlp::request(&[rec("control", 1, 200)])).unwrap();
+    let (status, body) = http_as(cli, None, "application/json", json).await;
+    assert_eq!((status, body), (200, json!({})));
+    assert_eq!(count(receivers), 1);
+
+    // Shaped as the JavaScript exporter writes it: nanoseconds and 64-bit integers as
+    // strings, an event of the harness's own.
+    let event = json!({"resourceLogs": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "gemini-cli"}}]},
+        "scopeLogs": [{"scope": {"name": "gemini-cli"}, "logRecords": [{
+            "timeUnixNano": "1764673200000000000",
+            "observedTimeUnixNano": "1764673200000000000",
+            "severityNumber": 9,
+            "body": {"stringValue": "API response from gemini-2.5-pro."},
+            "attributes": [
+                {"key": "event.name", "value": {"stringValue": "gemini_cli.api_response"}},
+                {"key": "duration_ms", "value": {"intValue": "812"}},
+                {"key": "input_token_count", "value": {"intValue": 1200}}
+            ],
+            "droppedAttributesCount": 0
+        }]}]
+    }]});
+    let (status, _) = http_as(
+        cli,
+        None,
+        "application/json; charset=utf-8",
+        serde_json::to_vec(&event).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let metrics = &receivers.evidence.metrics;
+    assert_eq!(metrics.get("ignored", Source::Cli), 1);
+    assert_eq!(count(receivers), 1, "a harness's own event is not evidence");
+
+    let (status, body) = http_as(
+        cli,
+        None,
+        "application/json",
+        b"{\"resourceLogs\": [".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("malformed_json"))
+    );
+    let (status, body) = http_as(cli, None, "text/plain", b"hello".to_vec()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (415, Some("unsupported_media_type"))
+    );
+
+    // Its metrics and traces, exported to the same endpoint: acknowledged, dropped,
+    // counted (a 404 prints an exporter error in the developer's terminal).
+    for signal in ["metrics", "traces"] {
+        let r = reqwest::Client::new()
+            .post(format!("http://{cli}/v1/{signal}"))
+            .header("content-type", "application/json")
+            .body(r#"{"resourceMetrics": []}"#)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200, "{signal}");
+    }
+    assert_eq!(metrics.get("ignored_batches", Source::Cli), 2);
+    assert_eq!(count(receivers), 1);
     server.stop().await;
 }
 

@@ -117,6 +117,8 @@ fn write_policy(dir: &Path, issuer: &str, provider: &str) {
 struct Fixture {
     /// Envoy, kept running for the fixture's life.
     _gw: Gateway,
+    /// halo-server's CLI evidence receiver, when the profile's telemetry points at it.
+    receivers: Option<halo_server::evidence::Receivers>,
     provider: WireProvider,
     issuer: Issuer,
     /// The ring's release: (path, content) of every linux file.
@@ -127,11 +129,45 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with(false).await
+}
+
+/// The fixture; with `telemetry`, halo-server's CLI evidence receiver runs and the
+/// profile's telemetry points the harnesses' own OpenTelemetry export at it.
+async fn fixture_with(telemetry: bool) -> Fixture {
     let issuer = Issuer::start().await;
     let provider = WireProvider::start(true).await.expect("the provider");
     let policy = tempfile::tempdir().expect("policy dir");
     write_policy(policy.path(), &issuer.url, &provider.url());
     let mut org = halo_policy::load::load_dir(policy.path()).expect("the test policy loads");
+    let receivers = if telemetry {
+        let settings = halo_server::evidence::EvidenceSettings {
+            cli_listen: Some("127.0.0.1:0".parse().expect("addr")),
+            ..Default::default()
+        };
+        let data = policy.path().join("data");
+        std::fs::create_dir(&data).expect("the data dir");
+        let receivers = halo_server::evidence::start(&settings, Some(&data))
+            .await
+            .expect("receivers")
+            .expect("the CLI receiver");
+        let endpoint = format!(
+            "http://{}",
+            receivers
+                .addr(halo_evidence::Source::Cli)
+                .expect("its address")
+        );
+        for profile in org.profiles.values_mut() {
+            profile.telemetry = Some(halo_policy::Telemetry {
+                enabled: true,
+                endpoint: Some(endpoint.clone()),
+                log_prompts: false,
+            });
+        }
+        Some(receivers)
+    } else {
+        None
+    };
     // Clean but for the https rules the loopback fakes break; every Claude Code family
     // is mapped (no `unmapped-model` warning).
     let issues: Vec<_> = halo_policy::validate::validate(&org)
@@ -173,6 +209,7 @@ async fn fixture() -> Fixture {
     let bin = tempfile::tempdir().expect("bin dir");
     Fixture {
         _gw: gw,
+        receivers,
         provider,
         issuer,
         release,
@@ -380,9 +417,12 @@ async fn codex_through_the_gateway() {
 /// Gemini CLI: /etc/gemini-cli/settings.json (the model, API-key auth) and the login
 /// shell's /etc/profile.d script (base URL, GEMINI_API_KEY from the helper), sourced as a
 /// login shell would.
+/// Also Gemini CLI's own OpenTelemetry export, as the release configures it (OTLP/HTTP
+/// to the profile's endpoint): it sends JSON, and metrics and traces beside the logs, to
+/// halo-server's CLI receiver, which takes them all (no exporter error printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_cli_through_the_gateway() {
-    let f = fixture().await;
+    let f = fixture_with(true).await;
     let gemini = harness::pinned_for("gemini-cli");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
@@ -403,4 +443,27 @@ async fn gemini_cli_through_the_gateway() {
         calls.iter().map(Received::model).collect::<Vec<_>>()
     );
     f.assert_no_developer_credential(&tokens, "x-goog-api-key", GEMINI_KEY);
+
+    let receivers = f.receivers.as_ref().expect("the CLI receiver");
+    let metrics = &receivers.evidence.metrics;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while metrics.get("received", halo_evidence::Source::Cli) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Gemini CLI's telemetry never reached the CLI receiver: {}",
+            metrics.render()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metrics.get("refused_batches", halo_evidence::Source::Cli),
+        0,
+        "{}",
+        metrics.render()
+    );
+    assert!(
+        !out.stderr.contains("OTLPExporterError") && !out.stdout.contains("OTLPExporterError"),
+        "Gemini CLI printed exporter errors: {}",
+        out.stderr
+    );
 }
