@@ -5,8 +5,9 @@
 //! (what `halo release build` writes) renders for the ring, laid at their real /etc paths.
 //!
 //! Each run checks: exit 0, the answer printed, the provider saw the policy's model id
-//! for the alias, and no credential of the developer reached it (only the gateway's own
-//! key). The developer's token comes from the release's helper command,
+//! for the alias, no credential of the developer reached it (only the gateway's own
+//! key), and the harness's own OpenTelemetry export, pointed by the profile's telemetry
+//! at halo-server's CLI receiver, arrived there with no exporter error. The developer's token comes from the release's helper command,
 //! `halo auth token --audience api://halos`: a stand-in `halo` script on PATH prints a
 //! token of the test issuer (the real command is engineer `auth`'s work in progress).
 
@@ -219,6 +220,37 @@ async fn fixture_with(telemetry: bool) -> Fixture {
 }
 
 impl Fixture {
+    /// The harness's own telemetry reached the CLI receiver (bounded wait: exporters
+    /// batch), nothing of it was refused, and the harness printed no `exporter_error`.
+    async fn assert_telemetry_arrived(&self, harness: &str, out: &Output, exporter_error: &str) {
+        let receivers = self.receivers.as_ref().expect("the CLI receiver");
+        let metrics = &receivers.evidence.metrics;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while metrics.get("received", halo_evidence::Source::Cli) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{harness}'s telemetry never reached the CLI receiver: {}",
+                metrics.render()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            metrics.get("refused_batches", halo_evidence::Source::Cli),
+            0,
+            "{}",
+            metrics.render()
+        );
+        assert!(
+            !out.stderr.contains(exporter_error) && !out.stdout.contains(exporter_error),
+            "{harness} printed exporter errors: {}",
+            out.stderr
+        );
+        eprintln!(
+            "{harness} telemetry at the CLI receiver:\n{}",
+            metrics.render()
+        );
+    }
+
     /// Put a `halo` on PATH whose `auth token --audience api://halos` prints `tokens` in
     /// turn (the last one from then on). Returns the directory and the file counting calls.
     fn halo_stand_in(&self, tokens: &[String]) -> (PathBuf, PathBuf) {
@@ -337,7 +369,7 @@ fn assert_answered(out: &Output, model: &str) {
 /// Code run the helper again and retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_through_the_gateway_for_every_family() {
-    let f = fixture().await;
+    let f = fixture_with(true).await;
     let cc = harness::pinned_for("claude-code");
     let mut expired = f.issuer.claims(USER, &[]);
     expired["exp"] = serde_json::json!(halo_e2e::now_unix() - 60);
@@ -347,6 +379,7 @@ async fn claude_code_through_the_gateway_for_every_family() {
     let (path, helper_calls) = f.halo_stand_in(&tokens);
 
     let mut seen = 0;
+    let mut last = None;
     for (i, (family, args)) in [
         ("sonnet", vec!["-p", "Say hello"]),
         ("opus", vec!["-p", "Say hello", "--model", "opus"]),
@@ -381,15 +414,19 @@ async fn claude_code_through_the_gateway_for_every_family() {
             new.iter().map(Received::model).collect::<Vec<_>>(),
             model_id(family)
         );
+        last = Some(out);
     }
+    let last = last.expect("a run");
     f.assert_no_developer_credential(&tokens, "x-api-key", ANTHROPIC_KEY);
+    f.assert_telemetry_arrived("Claude Code", &last, "OTLPExporterError")
+        .await;
 }
 
 /// Codex: /etc/codex/managed_config.toml (the halos provider, wire responses, the
 /// helper as the provider's auth command).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_through_the_gateway() {
-    let f = fixture().await;
+    let f = fixture_with(true).await;
     let codex = harness::pinned_for("codex");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
@@ -412,6 +449,8 @@ async fn codex_through_the_gateway() {
         calls.iter().map(Received::model).collect::<Vec<_>>()
     );
     f.assert_no_developer_credential(&tokens, "authorization", OPENAI_KEY);
+    f.assert_telemetry_arrived("Codex", &out, "OpenTelemetry")
+        .await;
 }
 
 /// Gemini CLI: /etc/gemini-cli/settings.json (the model, API-key auth) and the login
@@ -443,27 +482,6 @@ async fn gemini_cli_through_the_gateway() {
         calls.iter().map(Received::model).collect::<Vec<_>>()
     );
     f.assert_no_developer_credential(&tokens, "x-goog-api-key", GEMINI_KEY);
-
-    let receivers = f.receivers.as_ref().expect("the CLI receiver");
-    let metrics = &receivers.evidence.metrics;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while metrics.get("received", halo_evidence::Source::Cli) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "Gemini CLI's telemetry never reached the CLI receiver: {}",
-            metrics.render()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        metrics.get("refused_batches", halo_evidence::Source::Cli),
-        0,
-        "{}",
-        metrics.render()
-    );
-    assert!(
-        !out.stderr.contains("OTLPExporterError") && !out.stdout.contains("OTLPExporterError"),
-        "Gemini CLI printed exporter errors: {}",
-        out.stderr
-    );
+    f.assert_telemetry_arrived("Gemini CLI", &out, "OTLPExporterError")
+        .await;
 }
