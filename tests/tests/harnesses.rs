@@ -118,8 +118,8 @@ fn write_policy(dir: &Path, issuer: &str, provider: &str) {
 struct Fixture {
     /// Envoy, kept running for the fixture's life.
     _gw: Gateway,
-    /// halo-server's CLI evidence receiver, when the profile's telemetry points at it.
-    receivers: Option<halo_server::evidence::Receivers>,
+    /// halo-server's CLI evidence receiver, which the profile's telemetry points at.
+    receivers: halo_server::evidence::Receivers,
     provider: WireProvider,
     issuer: Issuer,
     /// The ring's release: (path, content) of every linux file.
@@ -129,19 +129,16 @@ struct Fixture {
     _policy: tempfile::TempDir,
 }
 
+/// The gateway, the provider, the issuer and the ring's release; halo-server's CLI
+/// evidence receiver runs and the profile's telemetry points the harnesses' own
+/// OpenTelemetry export at it.
 async fn fixture() -> Fixture {
-    fixture_with(false).await
-}
-
-/// The fixture; with `telemetry`, halo-server's CLI evidence receiver runs and the
-/// profile's telemetry points the harnesses' own OpenTelemetry export at it.
-async fn fixture_with(telemetry: bool) -> Fixture {
     let issuer = Issuer::start().await;
     let provider = WireProvider::start(true).await.expect("the provider");
     let policy = tempfile::tempdir().expect("policy dir");
     write_policy(policy.path(), &issuer.url, &provider.url());
     let mut org = halo_policy::load::load_dir(policy.path()).expect("the test policy loads");
-    let receivers = if telemetry {
+    let receivers = {
         let settings = halo_server::evidence::EvidenceSettings {
             cli_listen: Some("127.0.0.1:0".parse().expect("addr")),
             ..Default::default()
@@ -165,9 +162,7 @@ async fn fixture_with(telemetry: bool) -> Fixture {
                 log_prompts: false,
             });
         }
-        Some(receivers)
-    } else {
-        None
+        receivers
     };
     // Clean but for the https rules the loopback fakes break; every Claude Code family
     // is mapped (no `unmapped-model` warning).
@@ -223,8 +218,7 @@ impl Fixture {
     /// The harness's own telemetry reached the CLI receiver (bounded wait: exporters
     /// batch), nothing of it was refused, and the harness printed no `exporter_error`.
     async fn assert_telemetry_arrived(&self, harness: &str, out: &Output, exporter_error: &str) {
-        let receivers = self.receivers.as_ref().expect("the CLI receiver");
-        let metrics = &receivers.evidence.metrics;
+        let metrics = &self.receivers.evidence.metrics;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while metrics.get("received", halo_evidence::Source::Cli) == 0 {
             assert!(
@@ -369,7 +363,7 @@ fn assert_answered(out: &Output, model: &str) {
 /// Code run the helper again and retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_through_the_gateway_for_every_family() {
-    let f = fixture_with(true).await;
+    let f = fixture().await;
     let cc = harness::pinned_for("claude-code");
     let mut expired = f.issuer.claims(USER, &[]);
     expired["exp"] = serde_json::json!(halo_e2e::now_unix() - 60);
@@ -426,7 +420,7 @@ async fn claude_code_through_the_gateway_for_every_family() {
 /// helper as the provider's auth command).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_through_the_gateway() {
-    let f = fixture_with(true).await;
+    let f = fixture().await;
     let codex = harness::pinned_for("codex");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
@@ -461,7 +455,7 @@ async fn codex_through_the_gateway() {
 /// halo-server's CLI receiver, which takes them all (no exporter error printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_cli_through_the_gateway() {
-    let f = fixture_with(true).await;
+    let f = fixture().await;
     let gemini = harness::pinned_for("gemini-cli");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
