@@ -111,6 +111,7 @@ impl World {
             xds_listen: None,
             xds_gateway_file: None,
             evidence: Default::default(),
+            shadow: Default::default(),
             console_url: None,
             controller: Default::default(),
         };

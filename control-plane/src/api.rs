@@ -84,6 +84,8 @@ pub struct AppState {
     pub evidence: Option<Arc<crate::evidence::Evidence>>,
     /// The in-process controller, with `--controller`.
     pub controller: Option<Arc<halo_controller::controller::Controller>>,
+    /// The mirror service's counts, with `--shadow-listen`.
+    pub shadow: Option<Arc<crate::shadow::ShadowMetrics>>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -390,6 +392,9 @@ async fn metrics(
     }
     if let Some(c) = &state.controller {
         text.push_str(&crate::controller::render_prometheus(c));
+    }
+    if let Some(m) = &state.shadow {
+        text.push_str(&m.render());
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

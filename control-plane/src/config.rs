@@ -134,6 +134,30 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", env = "HALO_SERVER_EVIDENCE_RETENTION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "opt_duration")]
     pub evidence_retention: Option<Duration>,
+    /// The mirror service (`POST /mirror`): shadow jobs from the gateways' filter, sent to
+    /// the shadow variant's target and recorded as evidence, source shadow. Requires
+    /// --shadow-token-file and an evidence store (--data-dir or --evidence-postgres-file)
+    /// [default: off].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_SHADOW_LISTEN")]
+    pub shadow_listen: Option<SocketAddr>,
+    /// File holding the shadow token the filter presents (`openssl rand -hex 32`; the
+    /// gateway token's strength rules).
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_SHADOW_TOKEN_FILE")]
+    pub shadow_token_file: Option<PathBuf>,
+    /// Shadow jobs sent to their targets at once [default: 4].
+    #[arg(long, value_name = "N", env = "HALO_SERVER_SHADOW_CONCURRENCY")]
+    pub shadow_concurrency: Option<usize>,
+    /// Shadow jobs waiting at most; one more is answered 429 queue_full [default: 256].
+    #[arg(long, value_name = "N", env = "HALO_SERVER_SHADOW_QUEUE")]
+    pub shadow_queue: Option<usize>,
+    /// A shadow job older than this when its turn comes is dropped [default: 60s].
+    #[arg(long, value_name = "DURATION", env = "HALO_SERVER_SHADOW_MAX_AGE", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "opt_duration")]
+    pub shadow_max_age: Option<Duration>,
+    /// Spend on shadow targets per experiment per UTC day, in USD (from the policy's
+    /// prices); over it, jobs are dropped [default: 50].
+    #[arg(long, value_name = "USD", env = "HALO_SERVER_SHADOW_MAX_SPEND_USD")]
+    pub shadow_max_spend_usd: Option<f64>,
     /// The address admins open the console at (`https://halos.example.com`): the login's
     /// redirect URI is `<url>/console/callback` and its cookies are Secure [default: the
     /// request's own host, accepted only on loopback].
@@ -212,6 +236,12 @@ impl Flags {
             otlp_max_batch_bytes: self.otlp_max_batch_bytes.or(file.otlp_max_batch_bytes),
             evidence_postgres_file: self.evidence_postgres_file.or(file.evidence_postgres_file),
             evidence_retention: self.evidence_retention.or(file.evidence_retention),
+            shadow_listen: self.shadow_listen.or(file.shadow_listen),
+            shadow_token_file: self.shadow_token_file.or(file.shadow_token_file),
+            shadow_concurrency: self.shadow_concurrency.or(file.shadow_concurrency),
+            shadow_queue: self.shadow_queue.or(file.shadow_queue),
+            shadow_max_age: self.shadow_max_age.or(file.shadow_max_age),
+            shadow_max_spend_usd: self.shadow_max_spend_usd.or(file.shadow_max_spend_usd),
             console_url: self.console_url.or(file.console_url),
             controller: self.controller || file.controller,
             controller_interval: self.controller_interval.or(file.controller_interval),
@@ -228,7 +258,7 @@ impl Flags {
     }
 
     /// The path-valued settings, to resolve a file's relative paths against its directory.
-    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 14] {
+    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 15] {
         [
             &mut self.config,
             &mut self.policy_dir,
@@ -242,6 +272,7 @@ impl Flags {
             &mut self.otlp_gateway_token_file,
             &mut self.otlp_eval_token_file,
             &mut self.evidence_postgres_file,
+            &mut self.shadow_token_file,
             &mut self.controller_policy_repo,
             &mut self.controller_webhook_secret_file,
         ]
@@ -280,6 +311,8 @@ pub struct Settings {
     pub xds_gateway_file: Option<PathBuf>,
     /// The evidence receivers and store.
     pub evidence: crate::evidence::EvidenceSettings,
+    /// The mirror service.
+    pub shadow: crate::shadow::ShadowSettings,
     pub console_url: Option<String>,
     /// The in-process controller.
     pub controller: crate::controller::ControllerSettings,
@@ -345,6 +378,21 @@ impl Settings {
                     .evidence_retention
                     .unwrap_or(crate::evidence::DEFAULT_RETENTION),
             },
+            shadow: crate::shadow::ShadowSettings {
+                listen: flags.shadow_listen,
+                token_file: flags.shadow_token_file,
+                concurrency: flags
+                    .shadow_concurrency
+                    .unwrap_or(crate::shadow::DEFAULT_CONCURRENCY),
+                queue: flags.shadow_queue.unwrap_or(crate::shadow::DEFAULT_QUEUE),
+                max_age: flags
+                    .shadow_max_age
+                    .unwrap_or(crate::shadow::DEFAULT_MAX_AGE),
+                max_spend_usd: flags
+                    .shadow_max_spend_usd
+                    .unwrap_or(crate::shadow::DEFAULT_MAX_SPEND_USD),
+                ..crate::shadow::ShadowSettings::default()
+            },
             console_url: flags.console_url,
             controller: crate::controller::ControllerSettings {
                 enabled: flags.controller,
@@ -392,6 +440,15 @@ impl Settings {
             return invalid("--max-body-bytes must be at least 1024");
         }
         self.evidence.check().map_err(ConfigError::Invalid)?;
+        self.shadow.check().map_err(ConfigError::Invalid)?;
+        if self.shadow.listen.is_some()
+            && self.data_dir.is_none()
+            && self.evidence.postgres_file.is_none()
+        {
+            return Err(ConfigError::Invalid(
+                "--shadow-listen records evidence: it needs --data-dir (the embedded store) or --evidence-postgres-file".into(),
+            ));
+        }
         if let Some(url) = &self.console_url {
             // Plain HTTP would send the session cookie in clear; loopback is the one place
             // that is no risk (a laptop, the demo).
@@ -523,6 +580,8 @@ mod tests {
                     format!("{:?}", Duration::from_secs((i as u64 + 1) * 86400)),
                 ),
                 Some("BYTES") => ((100_000 + i).to_string(), (100_000 + i).to_string()),
+                Some("N") => ((i + 1).to_string(), (i + 1).to_string()),
+                Some("USD") => (format!("{}.5", i + 1), format!("{}.5", i + 1)),
                 Some("URL") => {
                     let url = format!("https://halos-{i}.example.com");
                     (url.clone(), format!("{url:?}"))

@@ -18,6 +18,8 @@
 //! - [`metrics`]: Prometheus text for /metrics.
 //! - [`evidence`]: the OTLP evidence receivers per trust zone, the evidence store and
 //!   the samples query.
+//! - [`shadow`]: the mirror service (`--shadow-listen`, `POST /mirror`): shadow jobs sent
+//!   to the shadow variant's target, their answers recorded as evidence (source shadow).
 
 pub mod api;
 pub mod auth;
@@ -30,6 +32,7 @@ pub mod killswitch;
 pub mod listener;
 pub mod metrics;
 pub mod server;
+pub mod shadow;
 pub mod store;
 pub mod throttle;
 pub mod token;

@@ -116,6 +116,8 @@ pub struct Running {
     pub controller: Option<Arc<halo_controller::controller::Controller>>,
     /// The evidence receivers, when any `--otlp-*-listen` is set.
     pub evidence: Option<crate::evidence::Receivers>,
+    /// The mirror service, with `--shadow-listen`.
+    pub shadow: Option<crate::shadow::Mirror>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -197,6 +199,27 @@ pub async fn start_with(
                 store: Arc::clone(&parts.store),
             }),
     )?;
+    let shadow_store = match (&settings.shadow.listen, &receivers) {
+        (None, _) => None,
+        (Some(_), Some(r)) => Some(Arc::clone(&r.evidence.store)),
+        (Some(_), None) => {
+            let (pg, dir) = (
+                settings.evidence.postgres_file.clone(),
+                settings.data_dir.clone(),
+            );
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    crate::evidence::open_store(pg.as_deref(), dir.as_deref())
+                })
+                .await
+                .context("opening the evidence store")??,
+            )
+        }
+    };
+    let mirror = match shadow_store {
+        Some(store) => crate::shadow::start(&settings.shadow, source.served(), store).await?,
+        None => None,
+    };
     let state = Arc::new(AppState {
         policy: source.served(),
         store: parts.store,
@@ -210,6 +233,7 @@ pub async fn start_with(
         max_body_bytes: settings.max_body_bytes,
         evidence: receivers.as_ref().map(|r| Arc::clone(&r.evidence)),
         controller: controller.clone(),
+        shadow: mirror.as_ref().map(|m| Arc::clone(&m.metrics)),
     });
     if let Some(ks) = &state.killswitch {
         ks.spawn_resigner();
@@ -266,6 +290,7 @@ pub async fn start_with(
         xds,
         policy: source,
         evidence: receivers,
+        shadow: mirror,
         controller,
         shutdown: tx,
         tasks,

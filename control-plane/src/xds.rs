@@ -294,6 +294,7 @@ mod tests {
             xds_listen: Some("127.0.0.1:0".parse().expect("addr")),
             xds_gateway_file: Some(file.to_path_buf()),
             evidence: Default::default(),
+            shadow: Default::default(),
             console_url: None,
             controller: Default::default(),
         }

@@ -16,6 +16,8 @@ pub enum Source {
     Cli,
     /// Eval scores: a model's opinion.
     Eval,
+    /// The mirror service's records of a shadow variant's answers.
+    Shadow,
 }
 
 impl Source {
@@ -24,6 +26,7 @@ impl Source {
             Source::Gateway => "gateway",
             Source::Cli => "cli",
             Source::Eval => "eval",
+            Source::Shadow => "shadow",
         }
     }
 }

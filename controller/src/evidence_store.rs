@@ -26,6 +26,7 @@ fn source(s: halo_evidence::Source) -> Source {
         halo_evidence::Source::Gateway => Source::Gateway,
         halo_evidence::Source::Cli => Source::Cli,
         halo_evidence::Source::Eval => Source::Eval,
+        halo_evidence::Source::Shadow => Source::Shadow,
     }
 }
 

@@ -454,6 +454,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         xds_listen: Some(opts.xds_listen),
         xds_gateway_file: None,
         evidence: Default::default(),
+        shadow: Default::default(),
         console_url: None,
         controller: Default::default(),
     };

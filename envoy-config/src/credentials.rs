@@ -319,6 +319,27 @@ pub fn region_from_host(host: &str) -> Option<String> {
 }
 
 /// Whether a key for `kind` may go to `host` (`https` says the URL's scheme).
+/// The header a key of `kind` travels in, and whether its value is `Bearer <key>`;
+/// `None` for kinds whose credential is not a key.
+fn key_header_of(kind: UpstreamKind) -> Option<(&'static str, bool)> {
+    match kind {
+        UpstreamKind::Openai => Some(("Authorization", true)),
+        UpstreamKind::AzureOpenai => Some(("api-key", false)),
+        UpstreamKind::Gemini => Some(("x-goog-api-key", false)),
+        UpstreamKind::Anthropic => Some(("x-api-key", false)),
+        UpstreamKind::Orchestrator | UpstreamKind::Bedrock | UpstreamKind::Vertex => None,
+    }
+}
+
+/// For a sender of the gateway's keys outside Envoy (halo-server's mirror service): the
+/// header a key of `kind` travels in to `host`, when this plan would send it there
+/// without `upstreamHosts` (the provider's own https host); `None` otherwise.
+pub fn key_header(kind: UpstreamKind, host: &str, https: bool) -> Option<(&'static str, bool)> {
+    key_host_allowed(kind, &host.to_ascii_lowercase(), https, &Hosts::default())
+        .then(|| key_header_of(kind))
+        .flatten()
+}
+
 fn key_host_allowed(kind: UpstreamKind, host: &str, https: bool, hosts: &Hosts) -> bool {
     if hosts.upstream_hosts.iter().any(|h| h == host) {
         return true;
@@ -382,12 +403,7 @@ pub fn target_credential(
                     )),
                 );
             }
-            let (header, bearer) = match kind {
-                UpstreamKind::Openai => ("Authorization", true),
-                UpstreamKind::AzureOpenai => ("api-key", false),
-                UpstreamKind::Gemini => ("x-goog-api-key", false),
-                _ => ("x-api-key", false),
-            };
+            let (header, bearer) = key_header_of(kind).unwrap_or(("x-api-key", false));
             (
                 TargetCredential::Key {
                     header,

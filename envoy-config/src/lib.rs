@@ -17,6 +17,7 @@
 //! - [`credentials`]: the per-attempt credential chain (SigV4, keys) after the stage.
 //! - [`evidence`]: the per-call evidence record Envoy's OpenTelemetry access logger sends
 //!   to halo-server's gateway receiver (its attributes, the filter's facts).
+//! - [`shadow`]: the shadow job the filter sends halo-server's mirror service.
 //! - [`tls`]: upstream TLS verification (CA bundle, SAN, SNI) of every https cluster.
 //! - [`yaml`]: a small deterministic YAML printer for JSON values.
 
@@ -26,5 +27,6 @@ pub mod credentials;
 pub mod evidence;
 pub mod names;
 pub mod plan;
+pub mod shadow;
 pub mod tls;
 pub mod yaml;

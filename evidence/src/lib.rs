@@ -35,16 +35,21 @@ pub enum Source {
     Cli,
     /// An evaluation (a model's opinion).
     Eval,
+    /// halo-server's mirror service: the shadow variant's target answering a mirrored
+    /// copy of a call (its status, latency, tokens, cost). Made by the control plane, but
+    /// not the gateway's: it never trips a kill automatically.
+    Shadow,
 }
 
 impl Source {
-    pub const ALL: [Source; 3] = [Source::Gateway, Source::Cli, Source::Eval];
+    pub const ALL: [Source; 4] = [Source::Gateway, Source::Cli, Source::Eval, Source::Shadow];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Gateway => "gateway",
             Source::Cli => "cli",
             Source::Eval => "eval",
+            Source::Shadow => "shadow",
         }
     }
 }

@@ -26,12 +26,13 @@
 //! ([`crate::host::Host::dispatch`]) to the mirror service's cluster, which Envoy bounds
 //! (the cluster's circuit breakers); the live call never waits for it.
 
+use halo_envoy_config::shadow::ShadowJob;
 use halo_policy::Snapshot;
 use halo_policy::cluster_names::{CallClass, EndpointFacts};
 use halo_policy::decide::ShadowMirror;
 use halo_policy::route;
 use halo_policy::types::{ShadowTurns, WireProtocol};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::attempt::{self, Note, RESTORED_HEADERS, Work};
 use crate::config::ShadowSettings;
@@ -64,55 +65,19 @@ pub const SENT: &str = "sent";
 /// circuit breaker is open).
 pub const NOT_SENT: &str = "not_sent";
 
-/// What the mirror service needs to know about a job besides its body: the envelope's
-/// fields, in the order they are written ([`Job::envelope`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct JobMeta {
-    /// When the filter built the job, Unix milliseconds (the service drops old jobs).
-    pub built_unix_ms: u64,
-    pub ring: String,
-    pub experiment: String,
-    pub variant: String,
-    pub alias: String,
-    /// The caller's salted hash under the experiment's salt (never the user).
-    pub unit: String,
-    /// The shadow variant's target: its policy upstream and model id.
-    pub upstream: String,
-    pub model: String,
-    pub method: String,
-    /// Path and query for the upstream (the model rewritten where the wire puts it there).
-    pub path: String,
-    /// The client asked for a streamed answer.
-    pub stream: bool,
-    /// Allowlisted headers only (see the module docs), names lowercase.
-    pub headers: Vec<(String, String)>,
-}
-
-/// A shadow job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A shadow job: the envelope (halo-envoy-config's [`ShadowJob`], shared with the mirror
+/// service) and the request body for the target, which [`Job::envelope`] writes into it.
+#[derive(Debug, Clone)]
 pub struct Job {
-    pub meta: JobMeta,
+    pub meta: ShadowJob,
     /// The request body for the target (JSON: every wire's request is a JSON document).
     pub body: Vec<u8>,
 }
 
 impl Job {
-    /// The body of the POST to the mirror service: the meta's JSON object with the
-    /// request body as its last field, `body`, written as it is (it is JSON already: the
-    /// request filter's strict scan accepted it, or a translation wrote it), so a
-    /// megabyte conversation is copied once and not re-encoded.
+    /// The body of the POST to the mirror service ([`ShadowJob::encode`]).
     pub fn envelope(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.body.len() + 512);
-        // A struct of strings, numbers and pairs of strings always serializes.
-        let _ = serde_json::to_writer(&mut out, &self.meta);
-        if out.last() == Some(&b'}') {
-            out.pop();
-            out.extend_from_slice(br#","body":"#);
-            out.extend_from_slice(&self.body);
-            out.push(b'}');
-        }
-        out
+        self.meta.encode(&self.body)
     }
 }
 
@@ -205,7 +170,7 @@ pub fn build(settings: &ShadowSettings, c: &Call<'_>) -> Result<Job, Skip> {
         .map(|e| e.salt.as_str());
     let unit = halo_policy::assign::unit(&halo_policy::assign::unit_salt(salt, c.ring), c.user);
     Ok(Job {
-        meta: JobMeta {
+        meta: ShadowJob {
             built_unix_ms: c.now_unix_ms,
             ring: c.ring.to_string(),
             experiment: c.mirror.experiment.clone(),
@@ -218,6 +183,7 @@ pub fn build(settings: &ShadowSettings, c: &Call<'_>) -> Result<Job, Skip> {
             path,
             stream: c.note.stream,
             headers,
+            body: None,
         },
         body,
     })

@@ -33,7 +33,7 @@ pub mod registry;
 pub mod sigv4;
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The workspace root (the directory holding the top Cargo.toml).
@@ -42,6 +42,20 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .expect("testkit lives one level below the workspace root")
         .to_path_buf()
+}
+
+/// Copy the directory tree `from` to `to` (created): a policy example a test edits.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create the copy's directory");
+    for entry in std::fs::read_dir(from).expect("read the directory") {
+        let entry = entry.expect("a directory entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("its type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy a file");
+        }
+    }
 }
 
 /// A loopback TCP port that was free a moment ago and that the kernel will not hand to an

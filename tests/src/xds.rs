@@ -130,6 +130,28 @@ pub async fn gateway(
     (ads, gw)
 }
 
+/// The gateway an xDS server on `ads_port` (halo-server's `--xds-listen`) feeds: an Envoy
+/// from envoy/ads.yaml whose listener is on `listen_port` (the server's gateway file's),
+/// serving `snap`; returned once it serves ([`wait_serving`]).
+pub async fn gateway_of(ads_port: u16, listen_port: u16, snap: &halo_policy::Snapshot) -> Gateway {
+    let admin = free_port();
+    let envoy = tokio::task::block_in_place(|| {
+        Envoy::start(&ads_bootstrap("halo-gateway", ads_port, admin), admin)
+    });
+    let gw = Gateway {
+        envoy,
+        port: listen_port,
+        base: format!("http://127.0.0.1:{listen_port}"),
+        snapshot: snap.clone(),
+        client: client_builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client"),
+    };
+    wait_serving(&gw).await;
+    gw
+}
+
 /// Wait (bounded) until the xDS gateway's listener and filter are in place: a call
 /// without credentials gets the filter's own 401 (Envoy answers 500 while the filter's
 /// configuration has not arrived by ECDS, and refuses connections before the listener).

@@ -21,7 +21,6 @@ use halo_e2e::*;
 use halo_evidence::Source;
 use halo_providers::eventstream::Decoder;
 use halo_server::evidence::EvidenceSettings;
-use halo_testkit::envoy::Envoy;
 use halo_testkit::provider::WireProvider;
 use halo_testkit::wait_until;
 use serde_json::{Value, json};
@@ -350,6 +349,7 @@ async fn over_xds_each_decided_call_is_one_record_at_halo_servers_receiver_and_c
             gateway_token_file: Some(f.token_file.clone()),
             ..EvidenceSettings::default()
         },
+        shadow: Default::default(),
         console_url: None,
         controller: Default::default(),
     };
@@ -363,24 +363,7 @@ async fn over_xds_each_decided_call_is_one_record_at_halo_servers_receiver_and_c
     .await
     .expect("halo-server starts");
     let ads = server.xds.as_ref().expect("xDS host").addr.port();
-    let admin = halo_testkit::free_port();
-    let envoy = tokio::task::block_in_place(|| {
-        Envoy::start(
-            &halo_e2e::xds::ads_bootstrap("halo-gateway", ads, admin),
-            admin,
-        )
-    });
-    let gw = Gateway {
-        envoy,
-        port: listen_port,
-        base: format!("http://127.0.0.1:{listen_port}"),
-        snapshot: f.snapshot(),
-        client: client_builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("client"),
-    };
-    halo_e2e::xds::wait_serving(&gw).await;
+    let gw = halo_e2e::xds::gateway_of(ads, listen_port, &f.snapshot()).await;
     scenario(&f, &gw, &data.join("evidence.db")).await;
     server.shutdown().await;
 }

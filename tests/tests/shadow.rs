@@ -21,7 +21,7 @@ use halo_e2e::*;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
 
-const SHADOW_TOKEN: &str = "shadow-3f9a1c0e5b7d2468ace013579bdf2468";
+const SHADOW_TOKEN: &str = "3f9a1c0e5b7d2468ace013579bdf24683f9a1c0e5b7d2468ace013579bdf2468";
 /// How long a job may take to arrive (Envoy sends it while the live call runs).
 const ARRIVAL: Duration = Duration::from_secs(10);
 
@@ -320,11 +320,35 @@ async fn shadow_jobs_through_envoy() {
         "mirrored once"
     );
 
-    // 3. A killed shadow experiment mirrors nothing.
-    s.call(&first_turn("sh3", "marker-killed")).await;
-    s.call(&first_turn("sh1", "marker-after-killed")).await;
-    s.mirror.wait_for("marker-after-killed").await;
-    assert!(s.mirror.with_marker("marker-killed").is_empty());
+    // 3. A killed shadow experiment mirrors nothing. The list is accepted by one VM's
+    //    poll and adopted by the others on their next tick: a round is a killed call
+    //    then a mirrored one (which arrives after it would have); once a round shows the
+    //    kill in force, later killed calls stay unmirrored.
+    let deadline = Instant::now() + ARRIVAL;
+    for round in 0.. {
+        s.call(&first_turn("sh3", &format!("marker-killed-{round}")))
+            .await;
+        s.call(&first_turn("sh1", &format!("marker-after-killed-{round}")))
+            .await;
+        s.mirror
+            .wait_for(&format!("marker-after-killed-{round}"))
+            .await;
+        if s.mirror
+            .with_marker(&format!("marker-killed-{round}"))
+            .is_empty()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the kill never took effect");
+    }
+    for i in 0..3 {
+        s.call(&first_turn("sh3", &format!("marker-still-killed-{i}")))
+            .await;
+    }
+    s.call(&first_turn("sh1", "marker-after-still-killed"))
+        .await;
+    s.mirror.wait_for("marker-after-still-killed").await;
+    assert!(s.mirror.with_marker("marker-still-killed").is_empty());
 
     // 4. Over maxBytes: not mirrored, counted; the call is served.
     let big = "x".repeat(70 * 1024);
@@ -370,4 +394,161 @@ async fn shadow_jobs_through_envoy() {
             "envoy_cluster_upstream_rq_completed{envoy_cluster_name=\"halo-shadow\"}"
         ) >= 4
     );
+}
+
+/// acme-corp's `gpt-shadow` end to end, with halo-server as the mirror service: Envoy fed
+/// over xDS by halo-server (the gateway file names the mirror service and its token), a
+/// Codex call of a caller the experiment samples is answered by control's target, and
+/// halo-server sends the copy to the treatment's target (`gpt-5.1-codex`) and records
+/// its answer as evidence for the `gpt-5-1` variant, source `shadow`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = dir.path().join("policy");
+    halo_testkit::copy_dir(
+        &halo_testkit::workspace_root().join("examples/acme-corp"),
+        &policy,
+    );
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("data dir");
+    let token_file = dir.path().join("shadow.token");
+    std::fs::write(&token_file, SHADOW_TOKEN).expect("token file");
+    let issuer = Issuer::start().await;
+    let wire = halo_testkit::provider::WireProvider::start(true)
+        .await
+        .expect("wire provider");
+    // The policy as written (https upstreams, Okta), pointed at this test's fakes after
+    // validation; the fakes take no key.
+    let (iss, url) = (issuer.url.clone(), wire.url());
+    let loopback: halo_xds::source::Transform = Arc::new(move |mut snap: halo_policy::Snapshot| {
+        if let Some(id) = snap.identity.as_mut() {
+            id.issuer = iss.clone();
+        }
+        for u in snap.upstreams.values_mut() {
+            u.url = url.clone();
+            u.credential = None;
+        }
+        snap
+    });
+    let shadow_port = halo_testkit::free_port();
+    let listen_port = halo_testkit::free_port();
+    let gateway_file = dir.path().join("xds-gateway.yaml");
+    std::fs::write(
+        &gateway_file,
+        format!(
+            "listenAddress: 127.0.0.1\nlistenPort: {listen_port}\nwasmPath: {}\n\
+             shadowUrl: \"http://127.0.0.1:{shadow_port}/mirror\"\n\
+             filterSettings: {{shadow: {{token: \"{SHADOW_TOKEN}\"}}}}\n",
+            halo_testkit::filter_module().display()
+        ),
+    )
+    .expect("gateway file");
+    let settings = halo_server::config::Settings {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: "127.0.0.1:0".parse().expect("addr"),
+        policy_dir: policy,
+        data_dir: Some(data.clone()),
+        killswitch_key_file: None,
+        gateway_token_file: None,
+        token_file: None,
+        device_ttl: Duration::from_secs(3600),
+        enrollment_ttl: Duration::from_secs(3600),
+        oidc_ca_file: None,
+        max_body_bytes: 4096,
+        xds_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        xds_gateway_file: Some(gateway_file),
+        evidence: Default::default(),
+        shadow: halo_server::shadow::ShadowSettings {
+            listen: Some(format!("127.0.0.1:{shadow_port}").parse().expect("addr")),
+            token_file: Some(token_file),
+            ..Default::default()
+        },
+        console_url: None,
+        controller: Default::default(),
+    };
+    let server = halo_server::server::start_with(
+        &settings,
+        halo_server::xds::XdsOptions {
+            gateway: None,
+            transform: Some(loopback.clone()),
+        },
+    )
+    .await
+    .expect("halo-server starts");
+    let ads = server.xds.as_ref().expect("xDS host").addr.port();
+    let snap =
+        loopback(halo_xds::source::load_policy(&settings.policy_dir).expect("acme-corp policy"));
+    let gw = halo_e2e::xds::gateway_of(ads, listen_port, &snap).await;
+
+    // A canary-ring developer (group halos-canary) the experiment samples (20%).
+    let experiment = snap.experiment("gpt-shadow").expect("gpt-shadow");
+    let treatment = experiment
+        .variants
+        .iter()
+        .position(|v| v.name == "gpt-5-1")
+        .expect("variant");
+    let user = (0..10_000)
+        .map(|i| format!("dev{i}@acme.com"))
+        .find(|u| halo_policy::decide::assigned_variant(experiment, u) == Some(treatment))
+        .expect("a sampled user");
+    let token = bearer(&issuer.token(&user, &["halos-canary"]));
+    let answer = gw
+        .post(
+            "/v1/responses",
+            &[("authorization", token.as_str())],
+            &json!({"model": "gpt", "input": "write a test"}),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    // Control's target answered; the treatment's got halo-server's copy.
+    let deadline = Instant::now() + ARRIVAL;
+    let models = loop {
+        let models: Vec<String> = wire.received().iter().filter_map(|r| r.model()).collect();
+        if models.iter().any(|m| m == "gpt-5.1-codex") {
+            break models;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no shadow call reached the treatment; seen {models:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        models.iter().filter(|m| *m == "gpt-5-codex").count(),
+        1,
+        "{models:?}"
+    );
+    let copy = wire
+        .received()
+        .into_iter()
+        .find(|r| r.model().as_deref() == Some("gpt-5.1-codex"))
+        .expect("the copy");
+    assert_eq!(copy.path, "/v1/responses");
+    assert!(copy.header("authorization").is_none(), "{:?}", copy.headers);
+
+    // Recorded for the shadow variant, source shadow, with the answer's tokens.
+    let store = halo_server::evidence::open_store(None, Some(&data)).expect("store");
+    let query = halo_evidence::SampleQuery {
+        experiment: "gpt-shadow".into(),
+        metric: halo_evidence::Metric::ErrorRate,
+        since_unix_ms: 0,
+        until_unix_ms: i64::MAX,
+    };
+    let deadline = Instant::now() + ARRIVAL;
+    let samples = loop {
+        let samples = store.samples(&query).expect("samples");
+        if !samples.is_empty() {
+            break samples;
+        }
+        assert!(Instant::now() < deadline, "no shadow evidence recorded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(samples.len(), 1, "{samples:?}");
+    assert_eq!(samples[0].variant, "gpt-5-1");
+    assert_eq!(samples[0].source, halo_evidence::Source::Shadow);
+    assert_eq!(samples[0].value, 0.0, "the treatment answered");
+    let metrics = server.state.shadow.as_ref().expect("shadow metrics");
+    assert_eq!(metrics.jobs("recorded"), 1);
+    server.shutdown().await;
 }

@@ -97,6 +97,7 @@ impl Env {
             xds_listen: None,
             xds_gateway_file: None,
             evidence: Default::default(),
+            shadow: Default::default(),
             console_url: None,
             controller: Default::default(),
         }

@@ -1,0 +1,515 @@
+//! The mirror service (spec: Request path 9 "Mirror"; Trust zones "Shadow token,
+//! halo-shadow /mirror"): `POST /mirror` on `--shadow-listen` takes the halo filter's
+//! shadow jobs (halo-envoy-config's [`ShadowJob`]) and sends each to the shadow variant's
+//! target with the gateway's own credential for it, reads the answer in full and records
+//! status, latency, tokens and cost as evidence for the shadow variant, source `shadow`.
+//!
+//! A mode of halo-server rather than a binary of its own: the job names a policy upstream
+//! and the served policy (its URL, kind, credential and prices) is halo-server's, and so
+//! is the evidence store the record goes to; one process fewer to deploy and secure.
+//!
+//! Never in the live path: the filter's callout is answered 202 as soon as the job is
+//! queued (Envoy ends a stream's callouts with the stream), and the work happens after.
+//! Bounds, each counted in `halo_server_shadow_jobs_total{outcome}`: the queue
+//! (`--shadow-queue`; full: 429 `queue_full`), the concurrency (`--shadow-concurrency`
+//! jobs sent at once), the age (`--shadow-max-age`: a job older when a worker takes it
+//! is dropped, `too_old`), the spend (`--shadow-max-spend-usd` per experiment per UTC
+//! day; over it: `over_budget`). Answers are counted by status
+//! (`halo_server_shadow_answers_total{status}`).
+//!
+//! Credentials: a policy upstream's `credential` (environment variable or file, read at
+//! use time) as the kind's key header, only to the host the gateway plan would send it
+//! to ([`halo_envoy_config::credentials::key_header`]). Kinds whose credential is not a
+//! key (bedrock's SigV4, vertex's minted token) are not sent (`unsupported_kind`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use halo_envoy_config::shadow::ShadowJob;
+use halo_evidence::{Record, Source, Stamped, Store};
+use halo_policy::types::UpstreamKind;
+use halo_providers::usage::{Dialect, Framing, Meter};
+use halo_xds::Served;
+use tokio::sync::{mpsc, watch};
+
+use crate::api::ApiError;
+use crate::listener::{JsonListener, Peer};
+use crate::throttle::{Gate, Throttle};
+use crate::token::{TokenDigest, read_token_file};
+
+/// Default `--shadow-concurrency`.
+pub const DEFAULT_CONCURRENCY: usize = 4;
+/// Default `--shadow-queue`.
+pub const DEFAULT_QUEUE: usize = 256;
+/// Default `--shadow-max-age`.
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(60);
+/// Default `--shadow-max-spend-usd` (per experiment per UTC day).
+pub const DEFAULT_MAX_SPEND_USD: f64 = 50.0;
+/// How long a job's answer may take in all.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The mirror service's settings (halo-server's `--shadow-*` flags).
+#[derive(Debug, Clone)]
+pub struct ShadowSettings {
+    pub listen: Option<SocketAddr>,
+    pub token_file: Option<PathBuf>,
+    pub concurrency: usize,
+    pub queue: usize,
+    pub max_age: Duration,
+    pub max_spend_usd: f64,
+    /// Largest job accepted (the filter's `shadow.maxBytes` plus the envelope).
+    pub max_job_bytes: usize,
+}
+
+impl Default for ShadowSettings {
+    fn default() -> Self {
+        ShadowSettings {
+            listen: None,
+            token_file: None,
+            concurrency: DEFAULT_CONCURRENCY,
+            queue: DEFAULT_QUEUE,
+            max_age: DEFAULT_MAX_AGE,
+            max_spend_usd: DEFAULT_MAX_SPEND_USD,
+            max_job_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+impl ShadowSettings {
+    /// The combinations it needs (the token file is read by [`start`]).
+    pub fn check(&self) -> Result<(), String> {
+        if self.listen.is_some() && self.token_file.is_none() {
+            return Err(
+                "--shadow-listen requires --shadow-token-file (the gateways' filter presents it)"
+                    .into(),
+            );
+        }
+        if self.concurrency == 0 || self.queue == 0 {
+            return Err("--shadow-concurrency and --shadow-queue must be at least 1".into());
+        }
+        if self.max_spend_usd.is_nan() || self.max_spend_usd < 0.0 {
+            return Err("--shadow-max-spend-usd must be a number >= 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// Counts for halo-server's /metrics.
+#[derive(Debug, Default)]
+pub struct ShadowMetrics {
+    jobs: Mutex<BTreeMap<&'static str, u64>>,
+    answers: Mutex<BTreeMap<u16, u64>>,
+}
+
+impl ShadowMetrics {
+    fn job(&self, outcome: &'static str) {
+        *self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(outcome)
+            .or_insert(0) += 1;
+    }
+
+    fn answer(&self, status: u16) {
+        *self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(status)
+            .or_insert(0) += 1;
+    }
+
+    /// The count of jobs with `outcome`.
+    pub fn jobs(&self, outcome: &str) -> u64 {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(outcome)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(
+            "# HELP halo_server_shadow_jobs_total Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, unsupported_kind, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.\n# TYPE halo_server_shadow_jobs_total counter\n",
+        );
+        for (outcome, n) in self.jobs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "halo_server_shadow_jobs_total{{outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        out.push_str("# HELP halo_server_shadow_answers_total Answers of shadow targets by HTTP status (0: no answer).\n# TYPE halo_server_shadow_answers_total counter\n");
+        for (status, n) in self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "halo_server_shadow_answers_total{{status=\"{status}\"}} {n}"
+            );
+        }
+        out
+    }
+}
+
+/// The running mirror service.
+pub struct Mirror {
+    pub addr: SocketAddr,
+    pub metrics: Arc<ShadowMetrics>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Mirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mirror")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+struct Intake {
+    token: TokenDigest,
+    queue: mpsc::Sender<ShadowJob>,
+    throttle: Throttle,
+    metrics: Arc<ShadowMetrics>,
+}
+
+/// What a worker needs.
+struct Work {
+    policy: watch::Receiver<Arc<Served>>,
+    store: Arc<dyn Store>,
+    http: reqwest::Client,
+    metrics: Arc<ShadowMetrics>,
+    max_age: Duration,
+    max_spend_usd: f64,
+    /// Spend per (experiment, UTC day number).
+    spent: Mutex<BTreeMap<(String, i64), f64>>,
+}
+
+/// Bind `--shadow-listen` and start the workers; `None` without it.
+pub async fn start(
+    settings: &ShadowSettings,
+    policy: watch::Receiver<Arc<Served>>,
+    store: Arc<dyn Store>,
+) -> anyhow::Result<Option<Mirror>> {
+    let Some(listen) = settings.listen else {
+        return Ok(None);
+    };
+    settings.check().map_err(anyhow::Error::msg)?;
+    let token_file = settings
+        .token_file
+        .as_deref()
+        .context("--shadow-token-file")?;
+    let token = read_token_file("shadow token", token_file)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding --shadow-listen {listen}"))?;
+    let addr = listener.local_addr()?;
+    let metrics = Arc::new(ShadowMetrics::default());
+    let (tx, rx) = mpsc::channel(settings.queue);
+    let intake = Arc::new(Intake {
+        token,
+        queue: tx,
+        throttle: Throttle::default(),
+        metrics: Arc::clone(&metrics),
+    });
+    let work = Arc::new(Work {
+        policy,
+        store,
+        http: reqwest::Client::builder()
+            .timeout(ANSWER_TIMEOUT)
+            .build()
+            .context("the mirror service's HTTP client")?,
+        metrics: Arc::clone(&metrics),
+        max_age: settings.max_age,
+        max_spend_usd: settings.max_spend_usd,
+        spent: Mutex::new(BTreeMap::new()),
+    });
+    let app = axum::Router::new()
+        .route("/mirror", axum::routing::post(take))
+        .layer(DefaultBodyLimit::max(settings.max_job_bytes))
+        .with_state(intake)
+        .into_make_service_with_connect_info::<Peer>();
+    let mut tasks = vec![tokio::spawn(async move {
+        if let Err(e) = axum::serve(JsonListener(listener), app).await {
+            tracing::error!(error = %e, "mirror service listener failed");
+        }
+    })];
+    tasks.push(tokio::spawn(run_workers(rx, work, settings.concurrency)));
+    tracing::info!(%addr, "mirror service listening");
+    Ok(Some(Mirror {
+        addr,
+        metrics,
+        tasks,
+    }))
+}
+
+/// `POST /mirror`: the shadow token (throttled as every shared secret), a strict job, a
+/// place in the queue; 202 at once.
+async fn take(
+    State(intake): State<Arc<Intake>>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let ip = peer.ip();
+    let delay = match intake.throttle.gate(ip) {
+        Gate::Blocked => {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_attempts",
+                "too many failed token attempts from this address; try again later",
+            ));
+        }
+        Gate::Check(d) => d,
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !presented.is_some_and(|t| intake.token.matches(t.trim())) {
+        intake.throttle.failure(ip);
+        intake.metrics.job("unauthorized");
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "a valid shadow token is required (Authorization: Bearer)",
+        ));
+    }
+    intake.throttle.success(ip);
+    let job = ShadowJob::decode(&body).map_err(|why| {
+        intake.metrics.job("malformed");
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_job",
+            format!("the shadow job is malformed: {why}"),
+        )
+    })?;
+    match intake.queue.try_send(job) {
+        Ok(()) => {
+            intake.metrics.job("accepted");
+            Ok((
+                StatusCode::ACCEPTED,
+                [(header::CONTENT_TYPE, "application/json")],
+                r#"{"accepted":true}"#,
+            )
+                .into_response())
+        }
+        Err(_) => {
+            intake.metrics.job("queue_full");
+            Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                "the mirror service's queue is full; the job is dropped",
+            ))
+        }
+    }
+}
+
+/// Take jobs off the queue, at most `concurrency` at work at once.
+async fn run_workers(mut rx: mpsc::Receiver<ShadowJob>, work: Arc<Work>, concurrency: usize) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    while let Some(job) = rx.recv().await {
+        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let work = Arc::clone(&work);
+        tokio::spawn(async move {
+            let outcome = work.run(job).await;
+            work.metrics.job(outcome);
+            drop(permit);
+        });
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Work {
+    /// Send one job and record its outcome; the outcome's name for the counter.
+    async fn run(&self, job: ShadowJob) -> &'static str {
+        let now = now_ms();
+        let age = now.saturating_sub(i64::try_from(job.built_unix_ms).unwrap_or(i64::MAX));
+        if age > i64::try_from(self.max_age.as_millis()).unwrap_or(i64::MAX) {
+            return "too_old";
+        }
+        let day = now.div_euclid(86_400_000);
+        if self.spent(&job.experiment, day) >= self.max_spend_usd {
+            return "over_budget";
+        }
+        let served = Arc::clone(&self.policy.borrow());
+        let snap = &served.compiled;
+        let Some(upstream) = snap.upstreams.get(&job.upstream) else {
+            return "unknown_upstream";
+        };
+        let Some(dialect) = dialect(upstream.kind) else {
+            return "unsupported_kind";
+        };
+        let Ok(url) = halo_policy::validate::parse_http_url(&upstream.url) else {
+            return "unknown_upstream";
+        };
+        let scheme = if url.https { "https" } else { "http" };
+        let target = format!("{scheme}://{}{}", url.authority, job.path);
+        let mut request = self.http.request(
+            reqwest::Method::from_bytes(job.method.as_bytes()).unwrap_or(reqwest::Method::POST),
+            &target,
+        );
+        for (name, value) in &job.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        if let Some(credential) = &upstream.credential {
+            let Some((name, bearer)) =
+                halo_envoy_config::credentials::key_header(upstream.kind, url.host, url.https)
+            else {
+                return "key_host_refused";
+            };
+            let secret = match (&credential.env, &credential.file) {
+                (Some(var), _) => std::env::var(var).ok(),
+                (None, Some(file)) => std::fs::read_to_string(file).ok(),
+                (None, None) => None,
+            };
+            let Some(secret) = secret
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+            else {
+                return "key_missing";
+            };
+            let value = if bearer {
+                format!("Bearer {secret}")
+            } else {
+                secret
+            };
+            request = request.header(name, value);
+        }
+        let body = job
+            .body
+            .as_ref()
+            .map(|b| b.get().to_string())
+            .unwrap_or_default();
+        let started = Instant::now();
+        let (status, ttfb, accounting) = match request.body(body).send().await {
+            Err(e) => {
+                tracing::info!(experiment = %job.experiment, upstream = %job.upstream, error = %e, "shadow job: no answer from the target");
+                (0u16, None, None)
+            }
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let ttfb = started.elapsed();
+                let framing = resp
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map_or(Framing::Json, Framing::from_content_type);
+                let mut meter = Meter::new(dialect, framing);
+                let mut resp = resp;
+                let mut whole = true;
+                loop {
+                    match resp.chunk().await {
+                        Ok(Some(piece)) => meter.feed(&piece),
+                        Ok(None) => break,
+                        Err(_) => {
+                            whole = false;
+                            break;
+                        }
+                    }
+                }
+                let accounting = if whole { meter.finish() } else { meter.cut() };
+                (status, Some(ttfb), Some(accounting))
+            }
+        };
+        let duration = started.elapsed();
+        self.metrics.answer(status);
+        let usage = accounting.as_ref().map(|a| a.usage).unwrap_or_default();
+        let cost = usage.cost_usd(snap.price(&job.upstream, &job.model));
+        if let Some(c) = cost {
+            self.add_spend(&job.experiment, day, c);
+        }
+        let record = Record {
+            time_unix_ms: now,
+            ring: job.ring.clone(),
+            release: String::new(),
+            experiment: job.experiment.clone(),
+            variant: job.variant.clone(),
+            alias: job.alias.clone(),
+            upstream: job.upstream.clone(),
+            model: job.model.clone(),
+            target: String::new(),
+            attempts: 1,
+            status,
+            ttfb_ms: ttfb.map(|d| d.as_secs_f64() * 1000.0),
+            duration_ms: Some(duration.as_secs_f64() * 1000.0),
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cache_write_tokens: usage.cache_write_tokens,
+            cache_read_tokens: usage.cache_read_tokens,
+            cost_usd: cost,
+            complete: accounting.is_some_and(|a| a.complete),
+            unit: job.unit.clone(),
+        };
+        let store = Arc::clone(&self.store);
+        let stamped = [Stamped {
+            source: Source::Shadow,
+            record,
+        }];
+        match tokio::task::spawn_blocking(move || store.append(&stamped)).await {
+            Ok(Ok(_)) if status != 0 => "recorded",
+            Ok(Ok(_)) => "send_failed",
+            _ => "record_failed",
+        }
+    }
+
+    fn spent(&self, experiment: &str, day: i64) -> f64 {
+        self.spent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(experiment.to_string(), day))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    fn add_spend(&self, experiment: &str, day: i64, usd: f64) {
+        let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
+        // Earlier days are done with.
+        spent.retain(|(_, d), _| *d >= day);
+        *spent.entry((experiment.to_string(), day)).or_insert(0.0) += usd;
+    }
+}
+
+/// The wire a target of `kind` answers in, for the usage meter; `None` for kinds the
+/// service does not send to (their credential is not a key).
+fn dialect(kind: UpstreamKind) -> Option<Dialect> {
+    match kind {
+        UpstreamKind::Anthropic | UpstreamKind::Orchestrator => Some(Dialect::Anthropic),
+        UpstreamKind::Openai | UpstreamKind::AzureOpenai => Some(Dialect::OpenAiResponses),
+        UpstreamKind::Gemini => Some(Dialect::Gemini),
+        UpstreamKind::Bedrock | UpstreamKind::Vertex => None,
+    }
+}
