@@ -73,6 +73,22 @@ pub struct BootstrapArgs {
     /// Allow a plain-http kill-list URL to an in-cluster service.
     #[arg(long)]
     killswitch_allow_insecure_in_cluster: bool,
+    /// halo-server's mirror service (its `--shadow-listen`, e.g.
+    /// https://halo-server:9445/mirror): shadow experiments' jobs go there. Needs
+    /// --shadow-token-file.
+    #[arg(long, value_name = "URL", requires = "shadow_token_file")]
+    shadow_url: Option<String>,
+    /// File holding the shadow token (halo-server's --shadow-token-file); written into the
+    /// bootstrap, which is then created mode 0600.
+    #[arg(long, value_name = "FILE", requires = "shadow_url")]
+    shadow_token_file: Option<PathBuf>,
+    /// Largest request (and job) body mirrored, in bytes (default 1 MiB); larger is counted
+    /// and not mirrored.
+    #[arg(long, value_name = "BYTES", requires = "shadow_url")]
+    shadow_max_bytes: Option<u64>,
+    /// Allow a plain-http mirror service URL to an in-cluster service.
+    #[arg(long, requires = "shadow_url")]
+    shadow_allow_insecure_in_cluster: bool,
     /// halo-server's OTLP gateway receiver (spec :4319, e.g. https://halo-server:4319):
     /// Envoy's OpenTelemetry access logger sends it one evidence record per decided model
     /// call. Needs --evidence-token-file.
@@ -228,6 +244,23 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         settings.insert("killSwitch".into(), ks);
         secret = true;
     }
+    if let (Some(_), Some(token_file)) = (&args.shadow_url, &args.shadow_token_file) {
+        let token = read(token_file, "shadow token file")?.trim().to_string();
+        if token.is_empty() {
+            return Err(Failure::Error(anyhow::anyhow!(
+                "--shadow-token-file {} is empty",
+                token_file.display()
+            )));
+        }
+        // The filter checks the URL (https, loopback, or the in-cluster opt-in) when it
+        // starts; the plan fills in the cluster and URL.
+        let mut shadow = json!({"token": token, "allowInsecureInCluster": args.shadow_allow_insecure_in_cluster});
+        if let Some(max) = args.shadow_max_bytes {
+            shadow["maxBytes"] = json!(max);
+        }
+        settings.insert("shadow".into(), shadow);
+        secret = true;
+    }
     let settings = Value::Object(settings);
     let upstream_ca_file = match &args.upstream_ca_file {
         Some(f) => f.display().to_string(),
@@ -278,6 +311,7 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         evidence,
         next_hop: args.next_hop.clone(),
         default_upstream: args.default_upstream.clone(),
+        shadow_url: args.shadow_url.clone(),
         ..GatewaySettings::default()
     }
     .with_filter_settings(settings)

@@ -60,6 +60,31 @@ fn renders_the_bootstrap_with_the_kill_list_owner_only() {
     let mode = std::fs::metadata(&out).expect("meta").permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "a file holding the token is owner-only");
 
+    // Shadow jobs: the mirror service's cluster with its circuit breakers, the token in
+    // the filter's settings.
+    let shadow_token = dir.path().join("shadow.token");
+    std::fs::write(&shadow_token, "shadow-secret-token\n").expect("token");
+    let o = halo(&[
+        "envoy",
+        "bootstrap",
+        "--policy-dir",
+        "examples/acme-corp",
+        "--shadow-url",
+        "https://halo-server.acme.internal:9445/mirror",
+        "--shadow-token-file",
+        shadow_token.to_str().expect("utf8"),
+        "--shadow-max-bytes",
+        "65536",
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let yaml = std::fs::read_to_string(&out).expect("written");
+    assert!(yaml.contains("halo-shadow") && yaml.contains("max_pending_requests: 64"));
+    assert!(yaml.contains("shadow-secret-token") && yaml.contains("65536"));
+    let mode = std::fs::metadata(&out).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a file holding the shadow token is owner-only");
+
     // Never to stdout with a secret inside.
     let o = halo(&[
         "envoy",
