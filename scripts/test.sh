@@ -17,5 +17,6 @@ cargo test --locked --workspace --all-features
 HALO_FILTER=native cargo test --locked -p halo-e2e
 HALO_FILTER=native cargo test --locked -p halo-server --test xds
 HALO_FILTER=native cargo test --locked -p halo-server --test controller_live
+HALO_FILTER=native cargo test --locked -p halo-server --test budgets
 HALO_FILTER=native cargo test --locked -p halo-cli --test routes_live
 HALO_FILTER=native cargo test --locked -p halo-cli --test auth_live

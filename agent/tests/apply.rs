@@ -112,6 +112,7 @@ impl World {
             xds_gateway_file: None,
             evidence: Default::default(),
             shadow: Default::default(),
+            budget: Default::default(),
             console_url: None,
             controller: Default::default(),
         };

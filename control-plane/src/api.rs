@@ -82,6 +82,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// The evidence store, when the receivers run.
     pub evidence: Option<Arc<crate::evidence::Evidence>>,
+    /// The budget service, with `--budget-listen`: its counters.
+    pub budget: Option<Arc<crate::budget::Budgets>>,
     /// The in-process controller, with `--controller`.
     pub controller: Option<Arc<halo_controller::controller::Controller>>,
     /// The mirror service's counts, with `--shadow-listen`.
@@ -389,6 +391,9 @@ async fn metrics(
     }
     if let Some(e) = &state.evidence {
         text.push_str(&e.metrics.render());
+    }
+    if let Some(b) = &state.budget {
+        text.push_str(&b.metrics.render());
     }
     if let Some(c) = &state.controller {
         text.push_str(&crate::controller::render_prometheus(c));

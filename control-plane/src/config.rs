@@ -130,6 +130,16 @@ pub struct Flags {
     /// embedded store, evidence.db in --data-dir].
     #[arg(long, value_name = "FILE", env = "HALO_SERVER_EVIDENCE_POSTGRES_FILE")]
     pub evidence_postgres_file: Option<PathBuf>,
+    /// Serve the budget service here: Envoy's rate-limit service (gRPC) that every
+    /// gateway's budget check asks; counts in the evidence store's database (--data-dir,
+    /// or --evidence-postgres-file, which replicas share). Requires --budget-token-file
+    /// [default: off].
+    #[arg(long, value_name = "ADDR", env = "HALO_SERVER_BUDGET_LISTEN")]
+    pub budget_listen: Option<SocketAddr>,
+    /// File holding the bearer token gateways present to the budget service
+    /// (`openssl rand -hex 32`).
+    #[arg(long, value_name = "FILE", env = "HALO_SERVER_BUDGET_TOKEN_FILE")]
+    pub budget_token_file: Option<PathBuf>,
     /// How long evidence records are kept [default: 90d].
     #[arg(long, value_name = "DURATION", env = "HALO_SERVER_EVIDENCE_RETENTION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "opt_duration")]
@@ -242,6 +252,8 @@ impl Flags {
             shadow_queue: self.shadow_queue.or(file.shadow_queue),
             shadow_max_age: self.shadow_max_age.or(file.shadow_max_age),
             shadow_max_spend_usd: self.shadow_max_spend_usd.or(file.shadow_max_spend_usd),
+            budget_listen: self.budget_listen.or(file.budget_listen),
+            budget_token_file: self.budget_token_file.or(file.budget_token_file),
             console_url: self.console_url.or(file.console_url),
             controller: self.controller || file.controller,
             controller_interval: self.controller_interval.or(file.controller_interval),
@@ -258,7 +270,7 @@ impl Flags {
     }
 
     /// The path-valued settings, to resolve a file's relative paths against its directory.
-    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 15] {
+    fn paths_mut(&mut self) -> [&mut Option<PathBuf>; 16] {
         [
             &mut self.config,
             &mut self.policy_dir,
@@ -273,6 +285,7 @@ impl Flags {
             &mut self.otlp_eval_token_file,
             &mut self.evidence_postgres_file,
             &mut self.shadow_token_file,
+            &mut self.budget_token_file,
             &mut self.controller_policy_repo,
             &mut self.controller_webhook_secret_file,
         ]
@@ -313,6 +326,8 @@ pub struct Settings {
     pub evidence: crate::evidence::EvidenceSettings,
     /// The mirror service.
     pub shadow: crate::shadow::ShadowSettings,
+    /// The budget service.
+    pub budget: crate::budget::BudgetSettings,
     pub console_url: Option<String>,
     /// The in-process controller.
     pub controller: crate::controller::ControllerSettings,
@@ -392,6 +407,10 @@ impl Settings {
                     .shadow_max_spend_usd
                     .unwrap_or(crate::shadow::DEFAULT_MAX_SPEND_USD),
                 ..crate::shadow::ShadowSettings::default()
+            },
+            budget: crate::budget::BudgetSettings {
+                listen: flags.budget_listen,
+                token_file: flags.budget_token_file,
             },
             console_url: flags.console_url,
             controller: crate::controller::ControllerSettings {

@@ -275,6 +275,15 @@ pub fn open_store(
     postgres_file: Option<&std::path::Path>,
     data_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(open_backend(postgres_file, data_dir)?)
+}
+
+/// [`open_store`] with the budget counts too (the budget service's store): the same
+/// database, chosen the same way.
+pub fn open_backend(
+    postgres_file: Option<&std::path::Path>,
+    data_dir: Option<&std::path::Path>,
+) -> anyhow::Result<Arc<dyn halo_evidence::Backend>> {
     if let Some(file) = postgres_file {
         let params =
             std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
@@ -283,7 +292,7 @@ pub fn open_store(
         return Ok(Arc::new(store));
     }
     let dir = data_dir.context(
-        "the evidence receivers need --data-dir (the embedded store) or --evidence-postgres-file",
+        "the evidence receivers and the budget service need --data-dir (the embedded store) or --evidence-postgres-file",
     )?;
     let path = dir.join("evidence.db");
     let store = halo_evidence::sqlite::SqliteStore::open(&path)

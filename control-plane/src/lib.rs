@@ -20,9 +20,12 @@
 //!   the samples query.
 //! - [`shadow`]: the mirror service (`--shadow-listen`, `POST /mirror`): shadow jobs sent
 //!   to the shadow variant's target, their answers recorded as evidence (source shadow).
+//! - [`budget`]: the budget service (Envoy's rate-limit service), counts in the evidence
+//!   store's database.
 
 pub mod api;
 pub mod auth;
+pub mod budget;
 pub mod config;
 pub mod console;
 pub mod controller;

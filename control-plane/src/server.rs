@@ -118,6 +118,8 @@ pub struct Running {
     pub evidence: Option<crate::evidence::Receivers>,
     /// The mirror service, with `--shadow-listen`.
     pub shadow: Option<crate::shadow::Mirror>,
+    /// The budget service, with `--budget-listen`.
+    pub budget: Option<crate::budget::BudgetServer>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -134,6 +136,9 @@ impl Running {
         let _ = self.shutdown.send(true);
         if let Some(r) = self.evidence {
             r.shutdown().await;
+        }
+        if let Some(b) = self.budget {
+            b.shutdown().await;
         }
         for t in self.tasks {
             let _ = t.await;
@@ -187,6 +192,13 @@ pub async fn start_with(
                 .map_err(policy_error)?,
         ),
     };
+    let budget = crate::budget::start(
+        &settings.budget,
+        settings.evidence.postgres_file.as_deref(),
+        settings.data_dir.as_deref(),
+        source.served(),
+    )
+    .await?;
     let controller = crate::controller::build(
         settings,
         source.served(),
@@ -232,6 +244,7 @@ pub async fn start_with(
         metrics: Metrics::default(),
         max_body_bytes: settings.max_body_bytes,
         evidence: receivers.as_ref().map(|r| Arc::clone(&r.evidence)),
+        budget: budget.as_ref().map(|b| Arc::clone(&b.budgets)),
         controller: controller.clone(),
         shadow: mirror.as_ref().map(|m| Arc::clone(&m.metrics)),
     });
@@ -291,6 +304,7 @@ pub async fn start_with(
         policy: source,
         evidence: receivers,
         shadow: mirror,
+        budget,
         controller,
         shutdown: tx,
         tasks,

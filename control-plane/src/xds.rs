@@ -90,8 +90,9 @@ impl std::fmt::Debug for XdsOptions {
 
 /// The gateway settings: the file's, with the filter's kill-switch settings (public key,
 /// gateway token) and the poll URL filled in from this server when the kill switch is on,
-/// and the evidence export's token read from its `tokenFile` (relative to the gateway
-/// file), by default this server's `--otlp-gateway-token-file`.
+/// and the evidence export's and the budget service's tokens read from their `tokenFile`
+/// (relative to the gateway file), by default this server's `--otlp-gateway-token-file`
+/// and `--budget-token-file`.
 fn gateway_settings(
     settings: &Settings,
     given: Option<GatewaySettings>,
@@ -109,22 +110,42 @@ fn gateway_settings(
         }
         (None, None) => GatewaySettings::default(),
     };
-    if let Some(export) = gs.evidence.as_mut().filter(|e| e.token.is_empty()) {
-        let base = settings
-            .xds_gateway_file
-            .as_deref()
-            .and_then(std::path::Path::parent)
-            .unwrap_or(std::path::Path::new(""));
+    let base = settings
+        .xds_gateway_file
+        .as_deref()
+        .and_then(std::path::Path::parent)
+        .unwrap_or(std::path::Path::new(""));
+    // A gRPC service's token: its `tokenFile` (relative to the gateway file), else this
+    // server's own token file for that service.
+    let fill = |export: Option<&mut halo_envoy_config::evidence::Export>,
+                own: Option<&std::path::Path>,
+                what: &'static str,
+                missing: &'static str|
+     -> anyhow::Result<()> {
+        let Some(export) = export.filter(|e| e.token.is_empty()) else {
+            return Ok(());
+        };
         let file = export
             .token_file
             .as_deref()
             .map(|f| base.join(f))
-            .or_else(|| settings.evidence.gateway_token_file.clone())
-            .context(
-                "gateway settings: evidence needs tokenFile, or halo-server's --otlp-gateway-token-file",
-            )?;
-        export.token = crate::token::read_token("OTLP gateway token", &file)?;
-    }
+            .or_else(|| own.map(std::path::Path::to_path_buf))
+            .context(missing)?;
+        export.token = crate::token::read_token(what, &file)?;
+        Ok(())
+    };
+    fill(
+        gs.evidence.as_mut(),
+        settings.evidence.gateway_token_file.as_deref(),
+        "OTLP gateway token",
+        "gateway settings: evidence needs tokenFile, or halo-server's --otlp-gateway-token-file",
+    )?;
+    fill(
+        gs.budgets.as_mut(),
+        settings.budget.token_file.as_deref(),
+        "budget token",
+        "gateway settings: budgets needs tokenFile, or halo-server's --budget-token-file",
+    )?;
     if let (Some(key_file), Some(token_file)) =
         (&settings.killswitch_key_file, &settings.gateway_token_file)
         && settings.kill_switch_enabled()
@@ -295,6 +316,7 @@ mod tests {
             xds_gateway_file: Some(file.to_path_buf()),
             evidence: Default::default(),
             shadow: Default::default(),
+            budget: Default::default(),
             console_url: None,
             controller: Default::default(),
         }

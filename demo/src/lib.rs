@@ -455,6 +455,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         xds_gateway_file: None,
         evidence: Default::default(),
         shadow: Default::default(),
+        budget: Default::default(),
         console_url: None,
         controller: Default::default(),
     };

@@ -446,20 +446,11 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
     let l = &plan.listener;
     let mut clusters: Vec<Value> = plan.targets.iter().map(target_cluster).collect();
     clusters.extend(plan.aggregates.iter().map(|a| aggregate_cluster(plan, a)));
-    clusters.extend(
-        [
-            &l.jwks,
-            &l.killswitch,
-            &l.evidence,
-            &l.default_upstream,
-            &l.shadow,
-        ]
-        .into_iter()
-        .flatten()
-        .map(service_cluster),
-    );
+    clusters.extend(l.services().into_iter().map(service_cluster));
     let mut http_filters: Vec<Value> = l.jwt_authn.iter().cloned().collect();
     http_filters.extend(l.filter.as_ref().map(|f| planned_filter(f, snap, None)));
+    // After the halo filter: the budget check reads the facts it wrote.
+    http_filters.extend(l.budgets.as_ref().map(|b| b.filter.clone()));
     http_filters.push(json!({
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},

@@ -43,9 +43,20 @@ pub enum Fact {
     Complete,
     /// Seconds from the request's headers to the answer's first byte.
     TimeToFirstToken,
+    /// The budgets that apply to the verified caller (`budget:subject,...`, halo-policy's
+    /// `budgets::encode_keys`): not exported, read by the budget check's descriptors
+    /// ([`crate::budget`]); written only for a budgeted call.
+    Budgets,
+    /// The client's wire (`anthropic-messages`, ...): the shape of a budget's 429.
+    Wire,
+    /// The tokens a budget counts (every prompt and output token), from 0 as they arrive.
+    BudgetTokens,
+    /// The call's cost in micro-USD (an integer: Envoy's hits are), from 0.
+    BudgetMicroUsd,
 }
 
 impl Fact {
+    /// Every exported fact.
     pub const ALL: [Fact; 9] = [
         Fact::Unit,
         Fact::Alias,
@@ -58,9 +69,17 @@ impl Fact {
         Fact::TimeToFirstToken,
     ];
 
-    /// The OTLP attribute it is exported as.
-    pub fn attribute(self) -> &'static str {
-        match self {
+    /// The budget check's facts ([`crate::budget`]), not exported.
+    pub const BUDGET: [Fact; 4] = [
+        Fact::Budgets,
+        Fact::Wire,
+        Fact::BudgetTokens,
+        Fact::BudgetMicroUsd,
+    ];
+
+    /// The OTLP attribute it is exported as; `None` for the budget facts.
+    pub fn attribute(self) -> Option<&'static str> {
+        Some(match self {
             Fact::Unit => UNIT,
             Fact::Alias => ALIAS,
             Fact::InputTokens => INPUT_TOKENS,
@@ -70,7 +89,8 @@ impl Fact {
             Fact::CostUsd => COST_USD,
             Fact::Complete => COMPLETE,
             Fact::TimeToFirstToken => TIME_TO_FIRST_TOKEN,
-        }
+            Fact::Budgets | Fact::Wire | Fact::BudgetTokens | Fact::BudgetMicroUsd => return None,
+        })
     }
 
     /// The filter-state key the filter writes it under, as the proxy-wasm ABI names a
@@ -87,6 +107,10 @@ impl Fact {
             Fact::CostUsd => "wasm.halo_cost_usd",
             Fact::Complete => "wasm.halo_complete",
             Fact::TimeToFirstToken => "wasm.halo_ttft",
+            Fact::Budgets => "wasm.halo_budgets",
+            Fact::Wire => "wasm.halo_wire",
+            Fact::BudgetTokens => "wasm.halo_budget_tokens",
+            Fact::BudgetMicroUsd => "wasm.halo_budget_micro_usd",
         }
     }
 
@@ -135,11 +159,11 @@ pub fn attributes() -> Vec<(&'static str, String)> {
         (ATTEMPTS, "%UPSTREAM_REQUEST_ATTEMPT_COUNT%".to_string()),
         (LATENCY_MS, "%DURATION%".to_string()),
     ];
-    out.extend(Fact::ALL.iter().map(|f| {
-        (
-            f.attribute(),
+    out.extend(Fact::ALL.iter().filter_map(|f| {
+        Some((
+            f.attribute()?,
             format!("%FILTER_STATE({}:PLAIN)%", f.state_key()),
-        )
+        ))
     }));
     out
 }
@@ -273,7 +297,7 @@ mod tests {
     fn every_attribute_is_rendered_once_and_named_in_the_list() {
         let rendered: Vec<&str> = attributes().iter().map(|(k, _)| *k).collect();
         assert_eq!(rendered, ATTRIBUTES);
-        for f in Fact::ALL {
+        for f in Fact::ALL.into_iter().chain(Fact::BUDGET) {
             assert!(f.state_key().starts_with(WASM_STATE_PREFIX));
             assert!(!f.property().contains('.'));
         }

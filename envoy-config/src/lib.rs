@@ -14,6 +14,8 @@
 //!   gateway's Envoy resources, made once (both modes).
 //! - [`bootstrap`]: the standalone (static resources) bootstrap, the plan's JSON emitter
 //!   (halo-xds's `envoy` module is its protobuf emitter), and the filters' Envoy JSON.
+//! - [`budget`]: the budget check, Envoy's ratelimit filter asking halo-server's
+//!   rate-limit service with the filter's facts.
 //! - [`credentials`]: the per-attempt credential chain (SigV4, keys) after the stage.
 //! - [`evidence`]: the per-call evidence record Envoy's OpenTelemetry access logger sends
 //!   to halo-server's gateway receiver (its attributes, the filter's facts).
@@ -23,6 +25,7 @@
 
 pub mod ads;
 pub mod bootstrap;
+pub mod budget;
 pub mod credentials;
 pub mod evidence;
 pub mod names;

@@ -131,6 +131,11 @@ pub struct GatewaySettings {
     /// connections, pending and active requests). One over is not sent, counted by the
     /// filter (`not_sent`) and by Envoy (`upstream_rq_pending_overflow`).
     pub shadow_max_in_flight: u32,
+    /// halo-server's budget service (its rate-limit service, `--budget-listen`) and its
+    /// token (`{url, tokenFile}`): with a policy that has budgets, Envoy's ratelimit filter
+    /// after the halo filter asks it ([`crate::budget`]). Unset with budgets in the policy:
+    /// they are not enforced, and the plan warns.
+    pub budgets: Option<crate::evidence::Export>,
 }
 
 /// Default [`GatewaySettings::shadow_max_in_flight`].
@@ -197,6 +202,7 @@ impl Default for GatewaySettings {
             default_upstream: None,
             shadow_url: None,
             shadow_max_in_flight: DEFAULT_SHADOW_MAX_IN_FLIGHT,
+            budgets: None,
         }
     }
 }
@@ -289,6 +295,10 @@ pub struct ListenerPlan {
     /// The halo filter; `None`: no halo filter (routing-layer tests only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filter: Option<FilterPlan>,
+    /// The budget check after the halo filter, when the policy has budgets and the
+    /// settings name the budget service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<BudgetPlan>,
     pub address: String,
     pub port: u16,
     pub route_config_name: String,
@@ -304,6 +314,40 @@ pub struct ListenerPlan {
 
 fn redacted_logs<S: serde::Serializer>(logs: &[Value], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(logs.iter().map(crate::evidence::redacted))
+}
+
+impl ListenerPlan {
+    /// Every service cluster the listener's filters and loggers use, in one order for both
+    /// emitters: the JWKS, the kill list, the evidence receiver, the default upstream, the
+    /// mirror service, the budget service.
+    pub fn services(&self) -> Vec<&ServicePlan> {
+        [
+            self.jwks.as_ref(),
+            self.killswitch.as_ref(),
+            self.evidence.as_ref(),
+            self.default_upstream.as_ref(),
+            self.shadow.as_ref(),
+            self.budgets.as_ref().map(|b| &b.service),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// The budget check: Envoy's ratelimit filter and the budget service's cluster.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetPlan {
+    pub service: ServicePlan,
+    /// The ratelimit filter, Envoy JSON ([`crate::budget::ratelimit_filter`]); in the
+    /// plan's JSON with its gRPC metadata (the token) redacted.
+    #[serde(serialize_with = "redacted_budget_filter")]
+    pub filter: Value,
+}
+
+fn redacted_budget_filter<S: serde::Serializer>(filter: &Value, s: S) -> Result<S::Ok, S::Error> {
+    crate::budget::redacted(filter).serialize(s)
 }
 
 /// The halo filter in the listener's chain.
@@ -481,6 +525,8 @@ pub enum PlanError {
     Credentials(#[from] SettingsError),
     #[error("settings: evidence has no token (its tokenFile was not read)")]
     EvidenceToken,
+    #[error("settings: budgets has no token (its tokenFile was not read)")]
+    BudgetToken,
 }
 
 /// A parsed http(s) URL: what a cluster needs.
@@ -754,6 +800,25 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             max_in_flight: Some(settings.shadow_max_in_flight.max(1)),
             ..s
         });
+    // Budgets need the halo filter (its facts are the descriptors) and the service.
+    let budgets = match (
+        &settings.budgets,
+        snap.budgets.is_empty() || !settings.halo_filter,
+    ) {
+        (_, true) => None,
+        (None, false) => {
+            warnings.push(
+                "the policy has budgets but the settings name no budget service (budgets.url): they are not enforced"
+                    .to_string(),
+            );
+            None
+        }
+        (Some(b), false) if b.token.is_empty() => return Err(PlanError::BudgetToken),
+        (Some(b), false) => Some(BudgetPlan {
+            service: crate::budget::service(b, &settings.upstream_ca_file)?,
+            filter: crate::budget::ratelimit_filter(crate::budget::Check::of(snap), b),
+        }),
+    };
     let jwt_authn = jwks
         .as_ref()
         .and_then(|j| crate::bootstrap::jwt_authn(snap, &j.uri, &settings.wasm_path));
@@ -796,6 +861,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
             default_upstream,
             shadow,
             filter,
+            budgets,
             name: settings.listener_name.clone(),
             address: settings.listen_address.clone(),
             port: settings.listen_port,

@@ -309,6 +309,10 @@ pub trait BudgetStore: Send + Sync {
     fn prune_counts(&self, before_unix_ms: i64) -> Result<u64, StoreError>;
 }
 
+/// Both traits of a backend: the evidence and the budget counts, in one database.
+pub trait Backend: Store + BudgetStore {}
+impl<T: Store + BudgetStore> Backend for T {}
+
 /// The continuous percentile `q` (0..=1) of sorted `values`, linearly interpolated
 /// between closest ranks (PostgreSQL's `percentile_cont`). `None` when empty.
 pub fn percentile_cont(sorted: &[f64], q: f64) -> Option<f64> {

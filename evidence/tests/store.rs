@@ -8,13 +8,8 @@
 use halo_evidence::postgres::PgStore;
 use halo_evidence::sqlite::SqliteStore;
 use halo_evidence::{
-    BudgetStore, CountKey, Counted, Metric, Record, Sample, SampleQuery, Source, Spend, Stamped,
-    Store,
+    Backend, CountKey, Counted, Metric, Record, Sample, SampleQuery, Source, Spend, Stamped, Store,
 };
-
-/// Both traits of a backend: the evidence and the budget counts.
-trait Backend: Store + BudgetStore {}
-impl<T: Store + BudgetStore> Backend for T {}
 
 fn both(body: impl Fn(&dyn Backend)) {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -38,6 +38,10 @@ pub struct Call {
     /// The salted hash of the verified subject (halo-policy's `assign::unit`).
     pub unit: String,
     pub alias: String,
+    /// The budgets that apply to the caller, encoded for the budget check
+    /// (halo-policy's `budgets::encode_keys`), and the client's wire; `None`: no budget
+    /// applies, and Envoy's budget check asks nothing.
+    pub budgets: Option<(String, WireProtocol)>,
 }
 
 impl Call {
@@ -48,6 +52,7 @@ impl Call {
         operation: Operation,
         unit: String,
         alias: String,
+        budgets: Option<String>,
     ) -> Option<Call> {
         if operation == Operation::CountTokens {
             return None;
@@ -56,6 +61,7 @@ impl Call {
             dialect: dialect(wire, operation),
             unit,
             alias,
+            budgets: budgets.map(|b| (b, wire)),
         })
     }
 }
@@ -115,6 +121,14 @@ impl Account {
     pub fn start<H: Host>(host: &mut H, call: Call) -> Account {
         host.set_fact(Fact::Unit, &call.unit);
         host.set_fact(Fact::Alias, &call.alias);
+        if let Some((keys, wire)) = &call.budgets {
+            // Before the budget check reads them (it runs after this filter), and the
+            // amounts from 0: a descriptor whose amount is absent would not be sent.
+            host.set_fact(Fact::Budgets, keys);
+            host.set_fact(Fact::Wire, wire.as_str());
+            host.set_fact(Fact::BudgetTokens, "0");
+            host.set_fact(Fact::BudgetMicroUsd, "0");
+        }
         Account {
             started: host.now(),
             call,
@@ -278,8 +292,19 @@ impl Account {
         let cost = usage.cost_usd(price);
         if let Some(c) = cost.filter(|_| cost != self.cost) {
             host.set_fact(Fact::CostUsd, &c.to_string());
+            if self.call.budgets.is_some() {
+                let micros = halo_policy::budgets::micro_usd(c);
+                host.set_fact(Fact::BudgetMicroUsd, &micros.to_string());
+            }
         }
         self.cost = cost;
+        if self.call.budgets.is_some() {
+            // What a token budget counts: every prompt token and every output token.
+            let tokens = |u: &Usage| prompt(u).unwrap_or(0) + u.output_tokens.unwrap_or(0);
+            if tokens(&usage) != tokens(&old) {
+                host.set_fact(Fact::BudgetTokens, &tokens(&usage).to_string());
+            }
+        }
     }
 }
 

@@ -512,15 +512,24 @@ fn account_of(
         .and_then(|a| snap.experiment(&a.experiment))
         .map(|e| e.salt.as_str());
     let salt = assign::unit_salt(experiment_salt, &decision.ring);
-    let user = match &pending.caller {
-        Caller::Verified(s) => s.user.as_str(),
-        Caller::Anonymous => "",
+    let (user, budgets) = match &pending.caller {
+        Caller::Verified(s) => {
+            let keys: Vec<_> = halo_policy::budgets::applying(snap, s, &decision.ring)
+                .into_iter()
+                .map(|a| a.key)
+                .collect();
+            let budgets = (!keys.is_empty()).then(|| halo_policy::budgets::encode_keys(&keys));
+            (s.user.as_str(), budgets)
+        }
+        // Anonymous callers have no subject to budget.
+        Caller::Anonymous => ("", None),
     };
     account::Call::new(
         call.wire,
         call.operation,
         assign::unit(&salt, user),
         call.alias.clone(),
+        budgets,
     )
 }
 

@@ -350,6 +350,7 @@ async fn over_xds_each_decided_call_is_one_record_at_halo_servers_receiver_and_c
             ..EvidenceSettings::default()
         },
         shadow: Default::default(),
+        budget: Default::default(),
         console_url: None,
         controller: Default::default(),
     };

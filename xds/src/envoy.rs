@@ -120,17 +120,8 @@ pub fn resources(plan: &Plan) -> Vec<Resource> {
     // The JWKS cluster jwt_authn fetches keys through, the kill-list cluster the filter's
     // poll (the fallback to the pushed kill list) goes through, and the evidence
     // receiver's, which the OpenTelemetry access logger sends to, the default
-    // upstream's, and the mirror service's (the filter's shadow jobs).
-    for s in [
-        &plan.listener.jwks,
-        &plan.listener.killswitch,
-        &plan.listener.evidence,
-        &plan.listener.default_upstream,
-        &plan.listener.shadow,
-    ]
-    .into_iter()
-    .flatten()
-    {
+    // upstream's, the mirror service's (the filter's shadow jobs) and the budget service's.
+    for s in plan.listener.services() {
         out.push(Resource::new(&s.cluster, &service_cluster(s)));
     }
     out.push(Resource::new(
@@ -440,6 +431,16 @@ pub fn listener(l: &ListenerPlan) -> Listener {
                     ..ExtensionConfigSource::default()
                 },
             )),
+            ..HttpFilter::default()
+        });
+    }
+    // After the halo filter: the budget check reads the facts it wrote.
+    if let Some(b) = &l.budgets {
+        http_filters.push(HttpFilter {
+            name: halo_envoy_config::budget::FILTER_NAME.into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(typed_struct(
+                &b.filter["typed_config"],
+            ))),
             ..HttpFilter::default()
         });
     }

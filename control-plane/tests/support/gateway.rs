@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 
 use super::{Env, Server, serve};
 
-/// A loopback model provider answering `{"provider": name, "model": <body's model>}`.
+/// A loopback model provider answering `{"provider": name, "model": <body's model>,
+/// "usage": ...}`: every call reports [`USAGE_TOKENS`] tokens (10 in, 90 out).
 pub fn provider(name: &'static str) -> String {
     provider_failing(name, 0)
 }
@@ -73,7 +74,11 @@ pub fn provider_with(name: &'static str, fail_in_10: usize, delay: Duration) -> 
                             json!({"type": "error", "error": {"type": "api_error", "message": "injected"}}),
                         )
                     } else {
-                        ("200 OK", json!({"provider": name, "model": body["model"]}))
+                        (
+                            "200 OK",
+                            json!({"provider": name, "model": body["model"],
+                            "usage": {"input_tokens": 10, "output_tokens": USAGE_TOKENS - 10}}),
+                        )
                     };
                     let reply = reply.to_string();
                     let _ = write!(
@@ -88,6 +93,9 @@ pub fn provider_with(name: &'static str, fail_in_10: usize, delay: Duration) -> 
     });
     url
 }
+
+/// The tokens each successful answer of [`provider`] reports.
+pub const USAGE_TOKENS: u64 = 100;
 
 /// A whole chunked body: its bytes and how many input bytes it took; `None` if incomplete.
 pub fn dechunk(mut input: &[u8]) -> Option<(Vec<u8>, usize)> {
@@ -234,6 +242,8 @@ pub struct Live {
     pub b_delay: Duration,
     /// Keys added to the xDS gateway settings file.
     pub gateway_file: Value,
+    /// YAML appended to the Gateway document (top-level keys: budgets, prices...).
+    pub gateway_yaml: String,
 }
 
 impl Default for Live {
@@ -245,6 +255,7 @@ impl Default for Live {
             b_fails_in_10: 0,
             b_delay: Duration::ZERO,
             gateway_file: json!({}),
+            gateway_yaml: String::new(),
         }
     }
 }
@@ -268,6 +279,11 @@ pub async fn start_live_with(env: &Env, mut settings: Settings, live: Live) -> L
         provider_with("prov-b", live.b_fails_in_10, live.b_delay),
     );
     write_gateway(env, &a, &b, "prov-a");
+    if !live.gateway_yaml.is_empty() {
+        let path = policy.join("gateway.yaml");
+        let text = std::fs::read_to_string(&path).expect("gateway.yaml");
+        std::fs::write(&path, text + &live.gateway_yaml).expect("gateway.yaml");
+    }
     for (path, text) in &live.files {
         let path = policy.join(path);
         std::fs::create_dir_all(path.parent().expect("a file in a dir")).expect("policy dir");

@@ -98,6 +98,7 @@ impl Env {
             xds_gateway_file: None,
             evidence: Default::default(),
             shadow: Default::default(),
+            budget: Default::default(),
             console_url: None,
             controller: Default::default(),
         }

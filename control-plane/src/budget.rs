@@ -1,0 +1,508 @@
+//! The budget service (issue #25; docs/design/budgets.md): Envoy's rate-limit service
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, gRPC) on
+//! `--budget-listen`, which every gateway's ratelimit filter asks (halo-envoy-config's
+//! `budget` module writes that filter).
+//!
+//! Counts live in the evidence store's database ([`BudgetStore`]: the embedded SQLite of
+//! `--data-dir`, or the PostgreSQL of `--evidence-postgres-file`, which several replicas
+//! share), one row per (budget, subject, calendar period). The period comes from the
+//! budget's time zone and [`Clock`], which tests move forward.
+//!
+//! Per call, two requests arrive. At request time the `check` descriptor names the
+//! applying budgets (the filter's answer of `halo_policy::budgets::applying`) and the
+//! client's wire: if any is spent, the answer is OVER_LIMIT with the whole 429 (the body
+//! in the wire's error shape, naming the budget, its period and reset; `retry-after`).
+//! When the stream is done, the `spend-*` descriptors carry the call's tokens and
+//! micro-USD as `hits_addend`, which are added in one transaction; Envoy ignores that
+//! answer.
+//!
+//! When the store fails, the policy's `budgetService.onServiceDown` decides: `open`
+//! (default) answers OK, `closed` answers OVER_LIMIT with a 429 saying so; either way it is
+//! counted (`halo_server_budget_checks_total{outcome="fail_open"|"fail_closed"}`) and
+//! logged once per outage. When the service itself is unreachable, Envoy applies the same
+//! setting (`failure_mode_deny`) and counts `ratelimit.halo_budget.failure_mode_allowed`.
+//!
+//! Nothing here logs a user, a subject key or a header value.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use anyhow::Context as _;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use halo_envoy_config::budget as names;
+use halo_evidence::{BudgetStore, CountKey, Spend};
+use halo_policy::budgets::{self, BudgetKey, Period, Spent};
+use halo_policy::types::{OnServiceDown, WireProtocol};
+use halo_xds::Served;
+use tokio::sync::watch;
+
+use crate::token::{TokenDigest, read_token_file};
+
+/// The budget service's settings (`--budget-listen`, `--budget-token-file`).
+#[derive(Debug, Clone, Default)]
+pub struct BudgetSettings {
+    pub listen: Option<SocketAddr>,
+    pub token_file: Option<PathBuf>,
+}
+
+/// The service's clock: the system's, plus an offset only a test sets (through the
+/// library: there is no flag), so "the next period" can be reached without waiting.
+#[derive(Debug, Default)]
+pub struct Clock {
+    offset_ms: AtomicI64,
+}
+
+impl Clock {
+    /// Unix milliseconds now.
+    pub fn now_ms(&self) -> i64 {
+        let system = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        system.saturating_add(self.offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// Move the clock `ms` forward.
+    pub fn advance(&self, ms: i64) {
+        self.offset_ms.fetch_add(ms, Ordering::Relaxed);
+    }
+}
+
+/// What the service counted, for /metrics.
+#[derive(Debug, Default)]
+pub struct BudgetMetrics {
+    checks: std::sync::Mutex<BTreeMap<&'static str, u64>>,
+    spent_tokens: AtomicU64,
+    spent_micro_usd: AtomicU64,
+    store_errors: AtomicU64,
+}
+
+impl BudgetMetrics {
+    fn check(&self, outcome: &'static str) {
+        *self
+            .checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(outcome)
+            .or_insert(0) += 1;
+    }
+
+    /// Checks answered with `outcome` (ok, over, fail_open, fail_closed).
+    pub fn checks(&self, outcome: &str) -> u64 {
+        self.checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(outcome)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::from(
+            "# HELP halo_server_budget_checks_total Budget checks by outcome (ok, over, fail_open, fail_closed).\n# TYPE halo_server_budget_checks_total counter\n",
+        );
+        for (outcome, n) in self.checks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(
+                out,
+                "halo_server_budget_checks_total{{outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        let _ = write!(
+            out,
+            "# HELP halo_server_budget_spend_total Amounts added to budget counts.\n# TYPE halo_server_budget_spend_total counter\nhalo_server_budget_spend_total{{unit=\"tokens\"}} {}\nhalo_server_budget_spend_total{{unit=\"micro_usd\"}} {}\n# HELP halo_server_budget_store_errors_total Budget store reads or writes that failed.\n# TYPE halo_server_budget_store_errors_total counter\nhalo_server_budget_store_errors_total {}\n",
+            self.spent_tokens.load(Ordering::Relaxed),
+            self.spent_micro_usd.load(Ordering::Relaxed),
+            self.store_errors.load(Ordering::Relaxed),
+        );
+        out
+    }
+}
+
+/// The service's state, shared by its requests.
+pub struct Budgets {
+    policy: watch::Receiver<Arc<Served>>,
+    store: Arc<dyn BudgetStore>,
+    token: TokenDigest,
+    pub clock: Clock,
+    pub metrics: BudgetMetrics,
+    /// The store is failing: logged once per outage.
+    failing: AtomicBool,
+}
+
+impl std::fmt::Debug for Budgets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budgets").finish_non_exhaustive()
+    }
+}
+
+/// The running service: its address and state.
+#[derive(Debug)]
+pub struct BudgetServer {
+    pub addr: SocketAddr,
+    pub budgets: Arc<Budgets>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BudgetServer {
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Open the counts' store and serve on `--budget-listen`; `None` when it is not set.
+pub async fn start(
+    settings: &BudgetSettings,
+    postgres_file: Option<&std::path::Path>,
+    data_dir: Option<&std::path::Path>,
+    policy: watch::Receiver<Arc<Served>>,
+) -> anyhow::Result<Option<BudgetServer>> {
+    let Some(listen) = settings.listen else {
+        return Ok(None);
+    };
+    let token_file = settings.token_file.as_deref().context(
+        "--budget-listen requires --budget-token-file (only gateways may add to budgets)",
+    )?;
+    let token = read_token_file("budget token", token_file)?;
+    let (p, d) = (
+        postgres_file.map(std::path::Path::to_path_buf),
+        data_dir.map(std::path::Path::to_path_buf),
+    );
+    // The PostgreSQL client blocks (it runs its own runtime): opened off the async threads.
+    let store = tokio::task::spawn_blocking(move || {
+        crate::evidence::open_backend(p.as_deref(), d.as_deref())
+    })
+    .await
+    .context("opening the budget store")??;
+    let budgets = Arc::new(Budgets {
+        policy,
+        store: store as Arc<dyn BudgetStore>,
+        token,
+        clock: Clock::default(),
+        metrics: BudgetMetrics::default(),
+        failing: AtomicBool::new(false),
+    });
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding --budget-listen {listen}"))?;
+    let addr = listener.local_addr()?;
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let service = RateLimitServiceServer::new(Service(Arc::clone(&budgets)));
+    let task = tokio::spawn(async move {
+        let stop = async move {
+            let _ = rx.wait_for(|v| *v).await;
+        };
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop,
+            )
+            .await
+        {
+            tracing::error!(error = %e, "budget service failed");
+        }
+    });
+    tracing::info!(%addr, "budget service listening");
+    Ok(Some(BudgetServer {
+        addr,
+        budgets,
+        shutdown: tx,
+        task,
+    }))
+}
+
+/// A descriptor's entries by key.
+fn entries(d: &RateLimitDescriptor) -> BTreeMap<&str, &str> {
+    d.entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.value.as_str()))
+        .collect()
+}
+
+/// The client's wire as the filter wrote it (Anthropic's shape when unknown).
+fn wire(name: Option<&str>) -> WireProtocol {
+    name.and_then(|n| serde_json::from_value(serde_json::Value::String(n.to_string())).ok())
+        .unwrap_or(WireProtocol::AnthropicMessages)
+}
+
+/// A budget key resolved against the policy in force: its budget and current period.
+struct Resolved<'a> {
+    key: BudgetKey,
+    budget: &'a halo_policy::types::Budget,
+    period: Period,
+}
+
+impl Budgets {
+    fn resolve<'a>(
+        &self,
+        snap: &'a halo_policy::Snapshot,
+        keys: Vec<BudgetKey>,
+        now: i64,
+    ) -> Vec<Resolved<'a>> {
+        keys.into_iter()
+            .filter_map(|key| {
+                // A budget the policy no longer has (changed mid-call) is not counted.
+                let budget = snap.budgets.get(&key.budget)?;
+                let period = budgets::period(budget, now).ok()?;
+                Some(Resolved {
+                    key,
+                    budget,
+                    period,
+                })
+            })
+            .collect()
+    }
+
+    fn count_key(r: &Resolved<'_>) -> CountKey {
+        CountKey {
+            budget: r.key.budget.clone(),
+            subject: r.key.subject.clone(),
+            period_start_ms: r.period.start_ms,
+        }
+    }
+
+    /// The store answered: an outage, if there was one, is over.
+    fn store_ok(&self) {
+        if self.failing.swap(false, Ordering::Relaxed) {
+            tracing::info!("budget store reachable again");
+        }
+    }
+
+    fn store_failed(&self, e: &dyn std::fmt::Display, on_down: OnServiceDown) {
+        self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            tracing::error!(error = %e, on_service_down = ?on_down, "budget store failing: budget checks fail {}", match on_down { OnServiceDown::Open => "open (calls pass uncounted)", OnServiceDown::Closed => "closed (calls are refused)" });
+        }
+    }
+
+    /// The request-time check of one descriptor.
+    async fn check(&self, d: &RateLimitDescriptor) -> RateLimitResponse {
+        let e = entries(d);
+        let served = Arc::clone(&self.policy.borrow());
+        let snap = &served.compiled;
+        let on_down = snap.budget_service.unwrap_or_default().on_service_down;
+        let wire = wire(e.get(names::WIRE).copied());
+        let keys = budgets::decode_keys(e.get(names::BUDGETS).copied().unwrap_or_default())
+            .unwrap_or_default();
+        let now = self.clock.now_ms();
+        let resolved = self.resolve(snap, keys, now);
+        let store = Arc::clone(&self.store);
+        let count_keys: Vec<CountKey> = resolved.iter().map(Self::count_key).collect();
+        let counted = tokio::task::spawn_blocking(move || store.counted(&count_keys)).await;
+        let counted = match counted {
+            Ok(Ok(c)) => {
+                self.store_ok();
+                c
+            }
+            Ok(Err(err)) => {
+                self.store_failed(&err, on_down);
+                return self.unavailable(on_down, wire);
+            }
+            Err(err) => {
+                self.store_failed(&err, on_down);
+                return self.unavailable(on_down, wire);
+            }
+        };
+        // Every applying budget is checked; of those spent, the message names the one that
+        // resets first (the earliest a retry can succeed... for that budget).
+        let spent = resolved
+            .iter()
+            .zip(counted)
+            .filter(|(r, c)| {
+                budgets::is_spent(
+                    &r.budget.limit,
+                    Spent {
+                        tokens: c.tokens,
+                        micro_usd: c.micro_usd,
+                    },
+                )
+            })
+            .map(|(r, _)| r)
+            .min_by_key(|r| r.period.end_ms);
+        match spent {
+            None => {
+                self.metrics.check("ok");
+                ok()
+            }
+            Some(r) => {
+                self.metrics.check("over");
+                let message = budgets::spent_message(&r.key.budget, r.budget, &r.period);
+                let seconds = ((r.period.end_ms - now).max(0) + 999) / 1000;
+                over_limit(wire, &message, seconds, Some(&r.key.budget))
+            }
+        }
+    }
+
+    fn unavailable(&self, on_down: OnServiceDown, wire: WireProtocol) -> RateLimitResponse {
+        match on_down {
+            OnServiceDown::Open => {
+                self.metrics.check("fail_open");
+                ok()
+            }
+            OnServiceDown::Closed => {
+                self.metrics.check("fail_closed");
+                over_limit(
+                    wire,
+                    "halo budgets cannot be checked now (the budget store is failing) and this gateway refuses unchecked calls; retry shortly",
+                    30,
+                    None,
+                )
+            }
+        }
+    }
+
+    /// The stream-done additions: every `spend-*` descriptor, in one transaction.
+    async fn spend(&self, descriptors: &[RateLimitDescriptor]) {
+        let served = Arc::clone(&self.policy.borrow());
+        let snap = &served.compiled;
+        let now = self.clock.now_ms();
+        let mut spends: BTreeMap<CountKey, Spend> = BTreeMap::new();
+        for d in descriptors {
+            let e = entries(d);
+            let amount = d.hits_addend.map_or(0, |h| h.value);
+            let tokens = match e.get(names::PHASE).copied() {
+                Some(names::PHASE_SPEND_TOKENS) => true,
+                Some(names::PHASE_SPEND_MICRO_USD) => false,
+                _ => continue,
+            };
+            // Refunds are not sent (no holds yet): a negative amount is ignored.
+            if amount == 0 || d.is_negative_hits {
+                continue;
+            }
+            let keys = budgets::decode_keys(e.get(names::BUDGETS).copied().unwrap_or_default())
+                .unwrap_or_default();
+            for r in self.resolve(snap, keys, now) {
+                let key = Self::count_key(&r);
+                let s = spends.entry(key.clone()).or_insert_with(|| Spend {
+                    budget: key.budget,
+                    subject: key.subject,
+                    period_start_ms: key.period_start_ms,
+                    tokens: 0,
+                    micro_usd: 0,
+                });
+                if tokens {
+                    s.tokens += amount;
+                } else {
+                    s.micro_usd += amount;
+                }
+            }
+        }
+        if spends.is_empty() {
+            return;
+        }
+        let spends: Vec<Spend> = spends.into_values().collect();
+        let (t, m) = spends
+            .iter()
+            .fold((0, 0), |(t, m), s| (t + s.tokens, m + s.micro_usd));
+        let store = Arc::clone(&self.store);
+        let on_down = snap.budget_service.unwrap_or_default().on_service_down;
+        match tokio::task::spawn_blocking(move || store.add_spend(&spends, now)).await {
+            Ok(Ok(())) => {
+                self.store_ok();
+                self.metrics.spent_tokens.fetch_add(t, Ordering::Relaxed);
+                self.metrics.spent_micro_usd.fetch_add(m, Ordering::Relaxed);
+            }
+            Ok(Err(err)) => self.store_failed(&err, on_down),
+            Err(err) => self.store_failed(&err, on_down),
+        }
+    }
+}
+
+fn ok() -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        ..RateLimitResponse::default()
+    }
+}
+
+fn header(key: &str, value: &str) -> HeaderValue {
+    HeaderValue {
+        key: key.to_string(),
+        value: value.to_string(),
+        ..HeaderValue::default()
+    }
+}
+
+/// OVER_LIMIT with the whole 429: the wire's body, `retry-after`, and the budget's name.
+fn over_limit(
+    wire: WireProtocol,
+    message: &str,
+    retry_after_s: i64,
+    budget: Option<&str>,
+) -> RateLimitResponse {
+    let (body, extra) = budgets::spent_reply(wire, message);
+    let mut headers = vec![
+        header("content-type", "application/json"),
+        header("retry-after", &retry_after_s.to_string()),
+    ];
+    headers.extend(extra.into_iter().map(|(k, v)| header(k, v)));
+    headers.extend(budget.map(|b| header("x-halo-budget", b)));
+    RateLimitResponse {
+        overall_code: Code::OverLimit as i32,
+        statuses: vec![DescriptorStatus {
+            code: Code::OverLimit as i32,
+            duration_until_reset: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds: retry_after_s,
+                nanos: 0,
+            }),
+            ..DescriptorStatus::default()
+        }],
+        response_headers_to_add: headers,
+        raw_body: body,
+        ..RateLimitResponse::default()
+    }
+}
+
+struct Service(Arc<Budgets>);
+
+#[tonic::async_trait]
+impl RateLimitService for Service {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let authorized = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| self.0.token.matches(t.trim()));
+        if !authorized {
+            return Err(tonic::Status::unauthenticated(
+                "the budget service requires the gateway's budget token",
+            ));
+        }
+        let request = request.into_inner();
+        if request.domain != names::DOMAIN {
+            return Err(tonic::Status::invalid_argument(format!(
+                "unknown rate-limit domain {:?} (this service answers {:?})",
+                request.domain,
+                names::DOMAIN
+            )));
+        }
+        let check = request
+            .descriptors
+            .iter()
+            .find(|d| entries(d).get(names::PHASE) == Some(&names::PHASE_CHECK));
+        let response = match check {
+            Some(d) => self.0.check(d).await,
+            None => {
+                self.0.spend(&request.descriptors).await;
+                ok()
+            }
+        };
+        Ok(tonic::Response::new(response))
+    }
+}

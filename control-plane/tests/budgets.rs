@@ -1,0 +1,208 @@
+//! Budgets enforced by every Envoy (issue #25), live: one halo-server serving the policy
+//! over xDS and its budget service (the rate-limit service, counts in its store), one
+//! Envoy fed over xDS and a second booted from the standalone bootstrap of the same plan,
+//! both asking that service. The same test body runs with either filter build
+//! (`HALO_FILTER=native` for the dynamic module).
+//!
+//! What a user relies on: calls through either Envoy add to one count; the call after the
+//! count reaches the limit gets a 429 in its wire's shape naming the budget and its reset,
+//! with Retry-After; other users are unaffected; the next period starts from zero; and
+//! with the budget service stopped calls pass, counted by Envoy.
+
+// A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
+// #[test] functions, and this in the helpers beside them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use halo_envoy_config::bootstrap::{Standalone, standalone};
+use halo_envoy_config::evidence::Export;
+use halo_envoy_config::plan::GatewaySettings;
+use halo_testkit::envoy::Envoy;
+use halo_testkit::free_port;
+use serde_json::{Value, json};
+use support::gateway::{Live, USAGE_TOKENS, start_live_with};
+use support::{Env, GATEWAY_TOKEN};
+
+/// Dave's daily token budget: five calls of [`USAGE_TOKENS`].
+const LIMIT: u64 = 5 * USAGE_TOKENS;
+
+fn budget_yaml() -> String {
+    format!(
+        "budgets:\n  dave-daily:\n    appliesTo: {{users: [dave@acme.com]}}\n    period: day\n    timeZone: Europe/Berlin\n    limit: {{tokens: {LIMIT}}}\n"
+    )
+}
+
+/// One call on `port` over a connection of its own: status, headers, JSON body.
+async fn call(port: u16, token: &str) -> (u16, reqwest::header::HeaderMap, Value) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let r = client
+        .post(format!("http://127.0.0.1:{port}/v1/messages"))
+        .bearer_auth(token)
+        .json(&json!({"model": "haiku", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("the gateway answers");
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    (status, headers, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Wait (bounded) until `f` holds.
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_are_one_count_across_envoys_refused_in_the_wire_shape_and_reset_by_period() {
+    let env = Env::new().await;
+    let token_file = env.path("budget.token");
+    std::fs::write(&token_file, format!("{GATEWAY_TOKEN}\n")).expect("budget token");
+    let budget_port = free_port();
+    let mut settings = env.settings();
+    settings.budget.listen = Some(format!("127.0.0.1:{budget_port}").parse().expect("addr"));
+    settings.budget.token_file = Some(token_file.clone());
+    let budget_url = format!("http://127.0.0.1:{budget_port}");
+    let mut gw = start_live_with(
+        &env,
+        settings,
+        Live {
+            files: vec![],
+            gateway_file: json!({"budgets": {"url": budget_url, "tokenFile": token_file}}),
+            gateway_yaml: budget_yaml(),
+            ..Live::default()
+        },
+    )
+    .await;
+    let alice = env.admin_token();
+    let dave = env.user_token();
+    // The xDS Envoy routes (alice has no budget: her calls count nowhere).
+    gw.until(&alice, "prov-a", "haiku-model").await;
+
+    // The second Envoy: the standalone bootstrap of the same policy and service.
+    let snap = halo_xds::source::load_policy(&env.path("policy")).expect("policy");
+    let port2 = free_port();
+    let admin2 = free_port();
+    let bootstrap = standalone(
+        &snap,
+        &Standalone {
+            gateway: GatewaySettings {
+                listen_address: "127.0.0.1".into(),
+                listen_port: port2,
+                wasm_path: halo_testkit::filter_module().display().to_string(),
+                upstream_ca_file: env.path("oidc-ca.pem").display().to_string(),
+                jwks_uri: Some(format!("{}/keys", env.issuer.issuer)),
+                budgets: Some(Export {
+                    url: budget_url.clone(),
+                    token_file: None,
+                    token: GATEWAY_TOKEN.into(),
+                }),
+                ..GatewaySettings::default()
+            },
+            admin_address: "127.0.0.1".into(),
+            admin_port: admin2,
+        },
+    )
+    .expect("standalone bootstrap");
+    let envoy2 = tokio::task::block_in_place(|| Envoy::start(&bootstrap.to_string(), admin2));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while call(port2, &alice).await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the standalone Envoy never answered 200"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let service = std::sync::Arc::clone(
+        &gw.server
+            .running
+            .as_ref()
+            .and_then(|r| r.budget.as_ref())
+            .expect("the budget service")
+            .budgets,
+    );
+    let spent = || {
+        service
+            .metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("halo_server_budget_spend_total{unit=\"tokens\"} "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(spent(), 0, "alice's calls are not budgeted");
+
+    // Dave's calls alternate between the Envoys; each one's spend lands before the next.
+    let ports = [gw.port, port2];
+    for i in 0..5u64 {
+        let (status, _, body) = call(ports[i as usize % 2], &dave).await;
+        assert_eq!(status, 200, "call {i} within the budget: {body}");
+        until("the call's spend", || spent() == (i + 1) * USAGE_TOKENS).await;
+    }
+    for (envoy, name) in [(&gw.envoy, "xds"), (&envoy2, "standalone")] {
+        let ok = envoy.stat_sum("ratelimit\\.halo_budget\\.ok");
+        assert!(ok >= 2, "the {name} Envoy checked dave's calls: {ok}");
+    }
+
+    // The count reached the limit: the next call, through either Envoy, is refused.
+    for port in ports {
+        let (status, headers, body) = call(port, &dave).await;
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(body["type"], "error", "{body}");
+        assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+        let message = body["error"]["message"].as_str().expect("a message");
+        assert!(
+            message.starts_with(&format!(
+                "halo budget dave-daily ({LIMIT} tokens per day, Europe/Berlin) is spent; it resets at "
+            )),
+            "{message}"
+        );
+        assert_eq!(headers["x-halo-budget"], "dave-daily");
+        let retry: u64 = headers["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!((1..=25 * 3600).contains(&retry), "retry-after {retry}");
+    }
+    // Exact to one call: refused calls add nothing.
+    assert_eq!(spent(), LIMIT);
+    // Another user is unaffected.
+    assert_eq!(call(gw.port, &alice).await.0, 200);
+
+    // The next period (the service's clock a day on) starts from zero.
+    service.clock.advance(24 * 3600 * 1000);
+    let (status, _, body) = call(port2, &dave).await;
+    assert_eq!(status, 200, "a new day: {body}");
+
+    // The budget service stops: calls pass, and Envoy counts each unchecked call.
+    let before = gw
+        .envoy
+        .stat_sum("ratelimit\\.halo_budget\\.failure_mode_allowed");
+    drop(service);
+    let running = gw.server.running.as_mut().expect("running");
+    running.budget.take().expect("budget").shutdown().await;
+    for _ in 0..3 {
+        let (status, _, body) = call(gw.port, &dave).await;
+        assert_eq!(status, 200, "fail open: {body}");
+    }
+    let after = gw
+        .envoy
+        .stat_sum("ratelimit\\.halo_budget\\.failure_mode_allowed");
+    assert!(
+        after >= before + 3,
+        "failure_mode_allowed {before} -> {after}"
+    );
+    drop(envoy2);
+}
