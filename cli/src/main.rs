@@ -11,6 +11,7 @@
 //! 3 not logged in or the session ended (`halo auth ...`).
 
 mod auth;
+mod budget;
 mod controller;
 mod envoy;
 mod evidence;
@@ -53,6 +54,7 @@ Examples:
   halo auth login --policy-dir examples/acme-corp      # once per machine
   halo controller run --policy-dir DIR --data-dir /var/lib/halo-server --killswitch-served
   halo controller status --server URL --token-file admin.jwt
+  halo budget status --user U --server URL --token-file admin.jwt
   halo rollout status sonnet-bedrock --server URL --token-file admin.jwt
   halo auth token --audience api://halos               # what apiKeyHelper runs
   halo auth status
@@ -136,6 +138,11 @@ enum Command {
         #[command(subcommand)]
         command: controller::RolloutCommand,
     },
+    /// Spend and token budgets: what a user spent against each this period.
+    Budget {
+        #[command(subcommand)]
+        command: budget::BudgetCommand,
+    },
 }
 
 /// How a command failed.
@@ -174,6 +181,7 @@ fn main() -> ExitCode {
         Command::Evidence { command } => evidence::run(command),
         Command::Controller { command } => controller::run_controller(command),
         Command::Rollout { command } => controller::run_rollout(command),
+        Command::Budget { command } => budget::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -64,6 +64,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/devices/{id}/revoke"),
     ("GET", "/api/v1/evidence/samples"),
     ("GET", "/api/v1/controller/status"),
+    ("GET", "/api/v1/budgets/status"),
     ("GET", "/api/v1/rollouts/{name}"),
 ];
 
@@ -232,6 +233,7 @@ pub fn router(state: Shared) -> Router {
         .route("/api/v1/devices/{id}/revoke", post(revoke_device))
         .route("/api/v1/evidence/samples", get(crate::evidence::samples))
         .route("/api/v1/controller/status", get(controller_status))
+        .route("/api/v1/budgets/status", get(crate::budget::status))
         .route("/api/v1/rollouts/{name}", get(rollout_status))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

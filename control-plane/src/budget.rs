@@ -506,3 +506,115 @@ impl RateLimitService for Service {
         Ok(tonic::Response::new(response))
     }
 }
+
+/// `GET /api/v1/budgets/status` parameters: the user, and their groups comma-separated
+/// (the verifier's claims; the API cannot see a token of theirs).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusParams {
+    pub user: String,
+    #[serde(default)]
+    pub groups: Option<String>,
+}
+
+/// One budget that applies to the user, with this period's count.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetStatus {
+    pub name: String,
+    /// `USD 50 per day, Europe/Berlin`.
+    pub describe: String,
+    pub limit: halo_policy::types::BudgetLimit,
+    pub pooled: bool,
+    pub period_start_ms: i64,
+    pub resets_at: String,
+    pub spent_tokens: u64,
+    pub spent_usd: f64,
+    /// Calls under it are refused now.
+    pub spent: bool,
+}
+
+/// The budgets that apply to a user (the filter's answer) and their counts now: what
+/// `halo budget status --user U` prints. Admin only: it names the user.
+pub(crate) async fn status(
+    axum::extract::State(state): axum::extract::State<Arc<crate::api::AppState>>,
+    headers: axum::http::HeaderMap,
+    query: Result<axum::extract::Query<StatusParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<serde_json::Value>, crate::api::ApiError> {
+    use axum::http::StatusCode;
+    crate::api::admin(&state, &headers).await?;
+    let Ok(axum::extract::Query(params)) = query else {
+        return Err(crate::api::ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "user is required; groups is a comma-separated list",
+        ));
+    };
+    let Some(budgets) = &state.budget else {
+        return Err(crate::api::ApiError::new(
+            StatusCode::NOT_FOUND,
+            "budgets_disabled",
+            "this halo-server runs no budget service (see --budget-listen)",
+        ));
+    };
+    let subject = halo_policy::decide::Subject {
+        user: params.user.clone(),
+        groups: params
+            .groups
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .filter(|g| !g.is_empty())
+            .map(str::to_string)
+            .collect(),
+    };
+    let served = Arc::clone(&budgets.policy.borrow());
+    let snap = &served.compiled;
+    let ring = halo_policy::decide::resolve_ring(snap, &subject)
+        .map_or(halo_policy::decide::UNKNOWN_RING, |r| r.name.as_str());
+    let now = budgets.clock.now_ms();
+    let keys = budgets::applying(snap, &subject, ring)
+        .into_iter()
+        .map(|a| a.key)
+        .collect();
+    let resolved = budgets.resolve(snap, keys, now);
+    let count_keys: Vec<CountKey> = resolved.iter().map(Budgets::count_key).collect();
+    let store = Arc::clone(&budgets.store);
+    let counted = tokio::task::spawn_blocking(move || store.counted(&count_keys))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or_else(|| {
+            crate::api::ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "budget_store_failed",
+                "the budget store cannot be read now",
+            )
+        })?;
+    let list: Vec<BudgetStatus> = resolved
+        .iter()
+        .zip(counted)
+        .map(|(r, c)| BudgetStatus {
+            name: r.key.budget.clone(),
+            describe: budgets::describe(r.budget),
+            limit: r.budget.limit,
+            pooled: r.key.subject == budgets::POOL,
+            period_start_ms: r.period.start_ms,
+            resets_at: r.period.resets_at.clone(),
+            spent_tokens: c.tokens,
+            spent_usd: c.micro_usd as f64 / 1e6,
+            spent: budgets::is_spent(
+                &r.budget.limit,
+                Spent {
+                    tokens: c.tokens,
+                    micro_usd: c.micro_usd,
+                },
+            ),
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({
+        "user": params.user,
+        "ring": ring,
+        "budgets": list,
+    })))
+}

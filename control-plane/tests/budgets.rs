@@ -180,6 +180,24 @@ async fn budgets_are_one_count_across_envoys_refused_in_the_wire_shape_and_reset
     assert_eq!(spent(), LIMIT);
     // Another user is unaffected.
     assert_eq!(call(gw.port, &alice).await.0, 200);
+    // The API (`halo budget status`) shows the same count, spent.
+    let status = gw
+        .server
+        .get(
+            "/api/v1/budgets/status?user=dave@acme.com&groups=engineering",
+            Some(&alice),
+        )
+        .await;
+    assert_eq!(status.status, 200, "{:?}", status.body);
+    let b = &status.body["budgets"][0];
+    assert_eq!(b["name"], "dave-daily", "{}", status.body);
+    assert_eq!(b["spentTokens"], LIMIT);
+    assert_eq!(b["spent"], true);
+    let none = gw
+        .server
+        .get("/api/v1/budgets/status?user=alice@acme.com", Some(&alice))
+        .await;
+    assert_eq!(none.body["budgets"], json!([]), "{:?}", none.body);
 
     // The next period (the service's clock a day on) starts from zero.
     service.clock.advance(24 * 3600 * 1000);

@@ -3,9 +3,10 @@
 //! the plan's decisions as Envoy JSON and decides nothing itself.
 //!
 //! Listener -> HTTP connection manager -> jwt_authn (when the policy names an issuer) ->
-//! the halo filter (fails closed) -> router. The one route sends every request to the
-//! cluster named by the filter's route header (see [`crate::names`]). Clusters: one per
-//! target, one aggregate per route and first pick, the issuer's JWKS, the kill-list server.
+//! the halo filter (fails closed) -> the budget check (with budgets, [`crate::budget`]) ->
+//! router. The one route sends every request to the cluster named by the filter's route
+//! header (see [`crate::names`]). Clusters: one per target, one aggregate per route and
+//! first pick, and the plan's service clusters ([`crate::plan::ListenerPlan::services`]).
 //!
 //! Also here: the Envoy JSON of the filters both emitters use (jwt_authn, the halo filter
 //! in either build, the per-attempt stage); halo-xds sends them as `TypedStruct`.

@@ -749,7 +749,13 @@ use halo_providers::eventstream::chunk_frame;
 /// The test snapshot with an upstream of every kind, an alias per wire, and prices for
 /// all but the Vertex upstream.
 fn account_policy() -> TestPolicy {
+    account_policy_with(json!({}))
+}
+
+/// [`account_policy`] with `budgets` (the snapshot's, by name).
+fn account_policy_with(budgets: Value) -> TestPolicy {
     let mut s = snapshot(true);
+    s["budgets"] = budgets;
     s["upstreams"]["o"] = json!({"url": "http://127.0.0.1:4", "kind": "openai"});
     s["upstreams"]["br"] =
         json!({"url": "http://127.0.0.1:5", "kind": "bedrock", "region": "us-east-1"});
@@ -1832,4 +1838,62 @@ fn first_turns_are_read_from_each_wire() {
         json!({"contents": [{"role": "user"}, {"role": "model"}, {"role": "user"}]}),
     );
     yes(BedrockInvoke, json!({"messages": [{"role": "user"}]}));
+}
+
+/// Budgets (issue #25): a call under a budget names it, with the client's wire, for
+/// Envoy's budget check, and reports the tokens and micro-USD it spent; a call under no
+/// budget writes none of those facts (so the check asks nothing).
+fn budget_facts<const P: bool>() {
+    let p = account_policy();
+    let body = messages("sonnet", 10);
+    let (r, _) = metered::<P>(
+        &p,
+        "/v1/messages",
+        &body,
+        ("a", "claude-sonnet"),
+        JSON,
+        ANTHROPIC_JSON.as_bytes(),
+        64,
+        false,
+    );
+    for f in Fact::BUDGET {
+        assert_eq!(fact(&r, f), None, "no budget applies: no {f:?}");
+    }
+
+    let p = account_policy_with(json!({"alice-daily": {
+        "appliesTo": {"users": ["alice@acme.test"]},
+        "period": "day",
+        "limit": {"tokens": 1000},
+    }}));
+    let (r, _) = metered::<P>(
+        &p,
+        "/v1/messages",
+        &body,
+        ("a", "claude-sonnet"),
+        JSON,
+        ANTHROPIC_JSON.as_bytes(),
+        64,
+        false,
+    );
+    let key = halo_policy::budgets::subject_key("alice-daily", "alice@acme.test");
+    assert_eq!(
+        fact(&r, Fact::Budgets),
+        Some(format!("alice-daily:{key}").as_str())
+    );
+    assert_eq!(fact(&r, Fact::Wire), Some("anthropic-messages"));
+    assert_eq!(
+        fact(&r, Fact::BudgetTokens),
+        Some((2095 + 2051 + 10240 + 503).to_string().as_str())
+    );
+    let cost = (2095.0 * 3.0 + 503.0 * 15.0 + 2051.0 * 3.75 + 10240.0 * 0.3) / 1e6;
+    assert_eq!(
+        fact(&r, Fact::BudgetMicroUsd),
+        Some(halo_policy::budgets::micro_usd(cost).to_string().as_str())
+    );
+}
+
+#[test]
+fn a_budgeted_call_names_its_budgets_and_reports_what_it_spent() {
+    budget_facts::<true>();
+    budget_facts::<false>();
 }
