@@ -29,9 +29,13 @@ use support::{Env, GATEWAY_TOKEN};
 /// Dave's daily token budget: five calls of [`USAGE_TOKENS`].
 const LIMIT: u64 = 5 * USAGE_TOKENS;
 
+/// A generous check timeout: on a loaded 2-core machine the default 200 ms can pass, and
+/// Envoy then drops that call's spend (fail open), which is not what this test is about.
+const SERVICE: &str = "budgetService: {timeoutMs: 2000}\n";
+
 fn budget_yaml() -> String {
     format!(
-        "budgets:\n  dave-daily:\n    appliesTo: {{users: [dave@acme.com]}}\n    period: day\n    timeZone: Europe/Berlin\n    limit: {{tokens: {LIMIT}}}\n"
+        "budgets:\n  dave-daily:\n    appliesTo: {{users: [dave@acme.com]}}\n    period: day\n    timeZone: Europe/Berlin\n    limit: {{tokens: {LIMIT}}}\n{SERVICE}"
     )
 }
 
@@ -148,7 +152,10 @@ async fn budgets_are_one_count_across_envoys_refused_in_the_wire_shape_and_reset
     for i in 0..5u64 {
         let (status, _, body) = call(ports[i as usize % 2], &dave).await;
         assert_eq!(status, 200, "call {i} within the budget: {body}");
-        until("the call's spend", || spent() == (i + 1) * USAGE_TOKENS).await;
+        until(&format!("call {i}'s spend (counted {})", spent()), || {
+            spent() == (i + 1) * USAGE_TOKENS
+        })
+        .await;
     }
     for (envoy, name) in [(&gw.envoy, "xds"), (&envoy2, "standalone")] {
         let ok = envoy.stat_sum("ratelimit\\.halo_budget\\.ok");
