@@ -458,6 +458,7 @@ async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
         xds_listen: Some("127.0.0.1:0".parse().expect("addr")),
         xds_gateway_file: Some(gateway_file),
         evidence: Default::default(),
+        budget: Default::default(),
         shadow: halo_server::shadow::ShadowSettings {
             listen: Some(format!("127.0.0.1:{shadow_port}").parse().expect("addr")),
             token_file: Some(token_file),
