@@ -399,6 +399,7 @@ fn rollout_files() -> Vec<(&'static str, String)> {
             // the step's percent (50) and then the whole ring do.
             HAIKU_CANARY
                 .replace("minSamples: 100", "minSamples: 40")
+                .replace("rings: [canary]", "rings: [canary, general]")
                 .replace(
                     "  - name: control\n    weight: 50\n  - name: canary\n    weight: 50\n",
                     "  - name: control\n    weight: 90\n  - name: canary\n    weight: 10\n",
@@ -408,8 +409,8 @@ fn rollout_files() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Move `haiku` to prov-b through the canary ring in two steps, gated on the error rate
-/// and the latency of the step's cohort.
+/// Move `haiku` to prov-b over two rings in two steps (half the canary ring, then the
+/// general ring whole), gated on the error rate and the latency of the step's cohort.
 const HAIKU_ROLLOUT: &str = r#"apiVersion: halos.dev/v1
 kind: Rollout
 name: haiku-b
@@ -433,7 +434,7 @@ steps:
       - {metric: halo.latency.p95, max: 150}
     onFailure: rollback
   - strategy: ring
-    ring: canary
+    ring: general
     bake: 1m
     gates:
       - {metric: halo.api.error_rate, max: 0.05}
@@ -453,11 +454,23 @@ struct Calls {
 
 /// Send `n` calls of new canary-ring users from `first`.
 async fn calls(env: &Env, live: &LiveGateway, first: usize, n: usize) -> Calls {
+    calls_of(live, (first..first + n).map(|i| canary_ring_token(env, i))).await
+}
+
+/// A token of a user in no group (acme-corp's rings: early for 10% of them, else general).
+fn ungrouped_token(env: &Env, i: usize) -> String {
+    env.issuer.mint(json!({
+        "aud": "api://halos", "sub": format!("g-{i}"), "email": format!("gen{i}@acme.com"),
+        "email_verified": true, "groups": [],
+    }))
+}
+
+/// One call per token.
+async fn calls_of(live: &LiveGateway, tokens: impl Iterator<Item = String>) -> Calls {
     let mut got = Calls::default();
-    for i in first..first + n {
-        let t = canary_ring_token(env, i);
+    for t in tokens {
         let (status, body) = ask_raw(&live.client, live.port, &t).await.unwrap();
-        if status == 200 && body["provider"] == "prov-b" {
+        if status == 200 && body["provider"] == "prov-b" && body["model"] == "haiku-canary-model" {
             got.on_change += 1;
             got.canary.get_or_insert(t);
         } else if status == 200 && body["provider"] == "prov-a" {
@@ -514,6 +527,9 @@ async fn through_envoy_a_traffic_rollout_advances_step_by_step_and_completes() {
     step0.canary.as_ref().expect("a canary answer");
     let on_b = step0.on_change;
     assert!((36..=84).contains(&on_b), "{on_b} of 120 at step 0 (50%)");
+    // The general ring is not in step 0's cohort.
+    let general0 = calls_of(&live, (0..40).map(|i| ungrouped_token(&env, i))).await;
+    assert_eq!(general0.on_change, 0, "the general ring at step 0");
     tick_until(&live, bake, "advanced from step 0", || async {
         has_branch("halo-controller/rollout-haiku-b/step-0-advance")
     })
@@ -543,7 +559,18 @@ async fn through_envoy_a_traffic_rollout_advances_step_by_step_and_completes() {
         .await;
     tick_status(&live.server).await; // step 1 starts now
     let step1 = calls(&env, &live, 1000, 120).await;
-    assert_eq!(step1.on_change, 120, "step 1 takes the whole canary ring");
+    assert_eq!(
+        step1.on_change, 120,
+        "the canary ring keeps the change, whole"
+    );
+    // Step 1 adds the general ring whole: the ungrouped users not in early's 10% (36 of
+    // 40 expected; fewer than 25 has odds under 1e-6).
+    let general1 = calls_of(&live, (0..40).map(|i| ungrouped_token(&env, i))).await;
+    assert!(
+        general1.on_change >= 25,
+        "{} of 40 ungrouped users on the change at step 1",
+        general1.on_change
+    );
     tick_until(&live, bake, "completed at step 1", || async {
         has_branch("halo-controller/rollout-haiku-b/step-1-complete")
     })
