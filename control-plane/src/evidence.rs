@@ -485,27 +485,9 @@ impl Encoding {
 /// OTLP/HTTP logs, binary protobuf (`application/x-protobuf`) or JSON (`application/json`,
 /// OTLP's JSON mapping: hex ids, 64-bit integers as strings or numbers).
 async fn http_logs(State(zone): State<Arc<Zone>>, headers: HeaderMap, body: Bytes) -> Response {
-    let auth = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if !zone.authorized(auth) {
-        zone.refuse(&Refusal::Unauthenticated);
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "this receiver requires its bearer token",
-        );
-    }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let Some(encoding) = Encoding::of(content_type) else {
-        return error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "OTLP/HTTP logs are accepted as application/x-protobuf or application/json",
-        );
+    let encoding = match admit(&zone, &headers) {
+        Ok(e) => e,
+        Err(refusal) => return refusal,
     };
     let request = match encoding.decode(&body) {
         Ok(r) => r,
@@ -540,30 +522,40 @@ async fn http_logs(State(zone): State<Arc<Zone>>, headers: HeaderMap, body: Byte
 /// then dropped undecoded (counted), so a harness exporting every signal to the one
 /// endpoint it was given logs no exporter errors.
 async fn http_discard(State(zone): State<Arc<Zone>>, headers: HeaderMap) -> Response {
+    match admit(&zone, &headers) {
+        Ok(encoding) => {
+            zone.evidence.metrics.add("ignored_batches", zone.source, 1);
+            encoding.accepted()
+        }
+        Err(refusal) => refusal,
+    }
+}
+
+/// The checks every OTLP/HTTP request passes first: the zone's token (401), then an
+/// encoding OTLP/HTTP defines (415).
+fn admit(zone: &Zone, headers: &HeaderMap) -> Result<Encoding, Response> {
     let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     if !zone.authorized(auth) {
         zone.refuse(&Refusal::Unauthenticated);
-        return error(
+        return Err(error(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "this receiver requires its bearer token",
-        );
+        ));
     }
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let Some(encoding) = Encoding::of(content_type) else {
-        return error(
+    Encoding::of(content_type).ok_or_else(|| {
+        error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             "OTLP/HTTP is accepted as application/x-protobuf or application/json",
-        );
-    };
-    zone.evidence.metrics.add("ignored_batches", zone.source, 1);
-    encoding.accepted()
+        )
+    })
 }
 
 async fn too_large(zone: Arc<Zone>, response: Response) -> Response {
