@@ -487,7 +487,7 @@ impl Encoding {
 async fn http_logs(State(zone): State<Arc<Zone>>, headers: HeaderMap, body: Bytes) -> Response {
     let encoding = match admit(&zone, &headers) {
         Ok(e) => e,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     let request = match encoding.decode(&body) {
         Ok(r) => r,
@@ -527,34 +527,34 @@ async fn http_discard(State(zone): State<Arc<Zone>>, headers: HeaderMap) -> Resp
             zone.evidence.metrics.add("ignored_batches", zone.source, 1);
             encoding.accepted()
         }
-        Err(refusal) => refusal,
+        Err(refusal) => *refusal,
     }
 }
 
 /// The checks every OTLP/HTTP request passes first: the zone's token (401), then an
 /// encoding OTLP/HTTP defines (415).
-fn admit(zone: &Zone, headers: &HeaderMap) -> Result<Encoding, Response> {
+fn admit(zone: &Zone, headers: &HeaderMap) -> Result<Encoding, Box<Response>> {
     let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     if !zone.authorized(auth) {
         zone.refuse(&Refusal::Unauthenticated);
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "this receiver requires its bearer token",
-        ));
+        )));
     }
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     Encoding::of(content_type).ok_or_else(|| {
-        error(
+        Box::new(error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             "OTLP/HTTP is accepted as application/x-protobuf or application/json",
-        )
+        ))
     })
 }
 
