@@ -6,6 +6,8 @@
 //!   the salted unit hash; never a subject, prompt, header or session id.
 //! - [`otlp`]: OTLP log records (what Envoy's OpenTelemetry access logger, the harnesses
 //!   and evals send) to [`Record`]s, with the [`Source`] the receiver stamps.
+//! - [`harness`]: the mapping table of each harness's own per-call events (Claude Code,
+//!   Codex, Gemini CLI) that [`otlp`] applies to a harness's records.
 //! - [`Store`]: one trait, two backends: [`sqlite::SqliteStore`] (embedded, the default:
 //!   a file in halo-server's data dir, nothing else to run) and [`postgres::PgStore`]
 //!   (PostgreSQL at scale). Both pass the same test suite (`tests/store.rs`).
@@ -18,6 +20,7 @@
 //! receivers) run them on tokio's blocking pool. Writes are batched: one transaction
 //! per received batch, all or nothing, so a crash loses only unacknowledged batches.
 
+pub mod harness;
 pub mod otlp;
 pub mod postgres;
 pub mod sqlite;

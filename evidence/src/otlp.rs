@@ -3,8 +3,10 @@
 //! One model call is one OTLP log record: what Envoy's OpenTelemetry access logger emits
 //! per decided call, with the attributes halo-envoy-config's `evidence` module renders
 //! (this module reads exactly those names: [`halo_envoy_config::evidence`]). A log
-//! record is evidence when it carries `halo.unit`; any other record (a harness's own
-//! events, say) is counted as ignored, not refused. Attribute names are OpenTelemetry's
+//! record is evidence when it carries `halo.unit`; any other record is counted as
+//! ignored, not refused. A harness's own event (its name in a harness's namespace:
+//! `claude_code.`, `codex.`, `gemini_cli.`) is read by that harness's mapping table
+//! instead ([`crate::harness`]), with the attribution from its resource. Attribute names are OpenTelemetry's
 //! GenAI semantic conventions where one exists, `halo.*` otherwise:
 //!
 //! | attribute | record field |
@@ -29,7 +31,7 @@ use opentelemetry_proto::tonic::logs::v1::LogRecord;
 
 use halo_envoy_config::evidence as names;
 
-use crate::{Record, Source, Stamped};
+use crate::{Record, Source, Stamped, harness};
 
 /// Longest string attribute accepted (names, models, digests are far shorter).
 pub const MAX_STRING: usize = 512;
@@ -62,9 +64,25 @@ pub fn records(
     let mut ignored = 0;
     let mut index = 0;
     for resource in &request.resource_logs {
+        let resource_attributes = resource
+            .resource
+            .as_ref()
+            .map(|r| r.attributes.as_slice())
+            .unwrap_or_default();
         for scope in &resource.scope_logs {
             for log in &scope.log_records {
-                match record(log, index, now_unix_ms)? {
+                let converted = match harness::classify(log) {
+                    Some((h, name)) => harness::record(
+                        h,
+                        name,
+                        log,
+                        resource_attributes,
+                        index,
+                        time_unix_ms(log, now_unix_ms),
+                    )?,
+                    None => record(log, index, now_unix_ms)?,
+                };
+                match converted {
                     Some(record) => out.push(Stamped { source, record }),
                     None => ignored += 1,
                 }
@@ -85,13 +103,14 @@ pub fn log_count(request: &ExportLogsServiceRequest) -> usize {
         .sum()
 }
 
-struct Attrs<'a> {
-    list: &'a [KeyValue],
-    index: usize,
+/// A log record's (or resource's) attributes, read by name.
+pub(crate) struct Attrs<'a> {
+    pub(crate) list: &'a [KeyValue],
+    pub(crate) index: usize,
 }
 
 impl<'a> Attrs<'a> {
-    fn get(&self, key: &str) -> Option<&'a any_value::Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a any_value::Value> {
         self.list
             .iter()
             .find(|kv| kv.key == key)
@@ -99,7 +118,28 @@ impl<'a> Attrs<'a> {
             .and_then(|v: &AnyValue| v.value.as_ref())
     }
 
-    fn string(&self, key: &'static str) -> Result<String, RecordError> {
+    /// A string attribute no longer than [`MAX_STRING`], else `None` (harness records:
+    /// read leniently).
+    pub(crate) fn text(&self, key: &str) -> Option<&'a str> {
+        match self.get(key) {
+            Some(any_value::Value::StringValue(s)) if s.len() <= MAX_STRING => Some(s.as_str()),
+            _ => None,
+        }
+    }
+
+    /// A finite non-negative number (an int, a double or a numeric string), else `None`
+    /// (harness records: read leniently).
+    pub(crate) fn lenient(&self, key: &str) -> Option<f64> {
+        let v = match self.get(key)? {
+            any_value::Value::IntValue(i) => *i as f64,
+            any_value::Value::DoubleValue(d) => *d,
+            any_value::Value::StringValue(s) => s.trim().parse::<f64>().ok()?,
+            _ => return None,
+        };
+        (v.is_finite() && v >= 0.0).then_some(v)
+    }
+
+    pub(crate) fn string(&self, key: &'static str) -> Result<String, RecordError> {
         match self.get(key) {
             None => Ok(String::new()),
             // Envoy's formatters write "-" for a value that is not set.
@@ -162,8 +202,22 @@ impl<'a> Attrs<'a> {
     }
 }
 
-fn is_unit_hash(s: &str) -> bool {
+pub(crate) fn is_unit_hash(s: &str) -> bool {
     (16..=64).contains(&s.len()) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// When the record says it happened (its time, else when it was observed), else `now`.
+fn time_unix_ms(log: &LogRecord, now_unix_ms: i64) -> i64 {
+    let nanos = if log.time_unix_nano != 0 {
+        log.time_unix_nano
+    } else {
+        log.observed_time_unix_nano
+    };
+    if nanos == 0 {
+        now_unix_ms
+    } else {
+        i64::try_from(nanos / 1_000_000).unwrap_or(i64::MAX)
+    }
 }
 
 fn record(log: &LogRecord, index: usize, now_unix_ms: i64) -> Result<Option<Record>, RecordError> {
@@ -178,16 +232,7 @@ fn record(log: &LogRecord, index: usize, now_unix_ms: i64) -> Result<Option<Reco
     if !is_unit_hash(&unit) {
         return Err(RecordError::Unit { index });
     }
-    let nanos = if log.time_unix_nano != 0 {
-        log.time_unix_nano
-    } else {
-        log.observed_time_unix_nano
-    };
-    let time_unix_ms = if nanos == 0 {
-        now_unix_ms
-    } else {
-        i64::try_from(nanos / 1_000_000).unwrap_or(i64::MAX)
-    };
+    let time_unix_ms = time_unix_ms(log, now_unix_ms);
     let mut model = a.string(names::RESPONSE_MODEL)?;
     if model.is_empty() {
         model = a.string("gen_ai.request.model")?;
