@@ -16,6 +16,16 @@
 //! micro-USD as `hits_addend`, which are added in one transaction; Envoy ignores that
 //! answer.
 //!
+//! A budget whose `atLimit` is `routeTo` moves its spent callers instead of refusing
+//! them: the service keeps the exhausted list (the spent (budget, subject) pairs of such
+//! budgets, each until its period ends), which goes into every xDS gateway's filter
+//! configuration at once ([`halo_xds::Pushed`]); the filter then sends the aliases the
+//! budget names to the cheaper ones before routing. A call that reaches the check on a
+//! spent `routeTo` budget still names the expensive alias only when its gateway has not
+//! got the list (the moment between the crossing and the push, a restart of this service,
+//! a standalone gateway, which has no push): it is refused as under `refuse`, and the pair
+//! is listed, so the budget never overspends by more than a `refuse` budget would.
+//!
 //! When the store fails, the policy's `budgetService.onServiceDown` decides: `open`
 //! (default) answers OK, `closed` answers OVER_LIMIT with a 429 saying so; either way it is
 //! counted (`halo_server_budget_checks_total{outcome="fail_open"|"fail_closed"}`) and
@@ -40,9 +50,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use halo_envoy_config::budget as names;
 use halo_evidence::{BudgetStore, CountKey, Spend};
-use halo_policy::budgets::{self, BudgetKey, Period, Spent};
-use halo_policy::types::{OnServiceDown, WireProtocol};
-use halo_xds::Served;
+use halo_policy::budgets::{self, BudgetKey, Exhausted, Period, Spent};
+use halo_policy::types::{AtLimit, OnServiceDown, WireProtocol};
+use halo_xds::{Pushed, Served};
 use tokio::sync::watch;
 
 use crate::token::{TokenDigest, read_token_file};
@@ -137,6 +147,10 @@ pub struct Budgets {
     pub metrics: BudgetMetrics,
     /// The store is failing: logged once per outage.
     failing: AtomicBool,
+    /// The exhausted list: spent counts of `routeTo` budgets, until their period ends.
+    exhausted: std::sync::Mutex<BTreeMap<BudgetKey, i64>>,
+    /// Where the list goes: the xDS host's push (none without `--xds-listen`).
+    push: Option<watch::Sender<Pushed>>,
 }
 
 impl std::fmt::Debug for Budgets {
@@ -161,12 +175,17 @@ impl BudgetServer {
     }
 }
 
-/// Open the counts' store and serve on `--budget-listen`; `None` when it is not set.
+/// How often entries whose period has ended leave the exhausted list.
+const EXPIRE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Open the counts' store and serve on `--budget-listen`; `None` when it is not set. The
+/// exhausted list goes to `push` (the xDS host's), when there is one.
 pub async fn start(
     settings: &BudgetSettings,
     postgres_file: Option<&std::path::Path>,
     data_dir: Option<&std::path::Path>,
     policy: watch::Receiver<Arc<Served>>,
+    push: Option<watch::Sender<Pushed>>,
 ) -> anyhow::Result<Option<BudgetServer>> {
     let Some(listen) = settings.listen else {
         return Ok(None);
@@ -192,6 +211,20 @@ pub async fn start(
         clock: Clock::default(),
         metrics: BudgetMetrics::default(),
         failing: AtomicBool::new(false),
+        exhausted: std::sync::Mutex::new(BTreeMap::new()),
+        push,
+    });
+    // The list loses an entry when its period ends (the service's clock): the caller is
+    // back on the normal route. The task ends with the service.
+    let weak = Arc::downgrade(&budgets);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EXPIRE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(b) = weak.upgrade() else { return };
+            b.expire();
+        }
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -287,6 +320,49 @@ impl Budgets {
         }
     }
 
+    /// Add the spent `routeTo` budgets among `spent` to the exhausted list (until their
+    /// period ends), and push the list when it changed.
+    fn list_exhausted<'a, 'b: 'a>(&self, spent: impl Iterator<Item = &'a Resolved<'b>>) {
+        let mut list = self.exhausted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut changed = false;
+        for r in spent.filter(|r| matches!(r.budget.at_limit, AtLimit::RouteTo(_))) {
+            if list.insert(r.key.clone(), r.period.end_ms) != Some(r.period.end_ms) {
+                changed = true;
+            }
+        }
+        if changed {
+            self.publish(&list);
+        }
+    }
+
+    /// Drop the entries whose period has ended (the service's clock), and push the list
+    /// when it changed.
+    fn expire(&self) {
+        let now = self.clock.now_ms();
+        let mut list = self.exhausted.lock().unwrap_or_else(|p| p.into_inner());
+        let before = list.len();
+        list.retain(|_, until| *until > now);
+        if list.len() != before {
+            self.publish(&list);
+        }
+    }
+
+    fn publish(&self, list: &BTreeMap<BudgetKey, i64>) {
+        let entries = exhausted_entries(list);
+        tracing::info!(
+            exhausted = entries.len(),
+            "exhausted routeTo budgets changed"
+        );
+        if let Some(push) = &self.push {
+            push.send_modify(|p| p.budgets_exhausted = entries);
+        }
+    }
+
+    /// The exhausted list now (what the gateways are pushed).
+    pub fn exhausted(&self) -> Vec<Exhausted> {
+        exhausted_entries(&self.exhausted.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// The request-time check of one descriptor.
     async fn check(&self, d: &RateLimitDescriptor) -> RateLimitResponse {
         let e = entries(d);
@@ -294,6 +370,7 @@ impl Budgets {
         let snap = &served.compiled;
         let on_down = snap.budget_service.unwrap_or_default().on_service_down;
         let wire = wire(e.get(names::WIRE).copied());
+        let alias = e.get(names::ALIAS).copied().unwrap_or_default();
         let keys = budgets::decode_keys(e.get(names::BUDGETS).copied().unwrap_or_default())
             .unwrap_or_default();
         let now = self.clock.now_ms();
@@ -316,8 +393,9 @@ impl Budgets {
             }
         };
         // Every applying budget is checked; of those spent, the message names the one that
-        // resets first (the earliest a retry can succeed... for that budget).
-        let spent = resolved
+        // resets first (the earliest a retry can succeed... for that budget). A spent
+        // `routeTo` budget lets through the calls already on its cheaper aliases.
+        let spent: Vec<&Resolved<'_>> = resolved
             .iter()
             .zip(counted)
             .filter(|(r, c)| {
@@ -330,6 +408,12 @@ impl Budgets {
                 )
             })
             .map(|(r, _)| r)
+            .collect();
+        // A gateway still asking with the expensive alias has not got the list yet.
+        self.list_exhausted(spent.iter().copied());
+        let spent = spent
+            .into_iter()
+            .filter(|r| !budgets::serves_at_limit(r.budget, alias))
             .min_by_key(|r| r.period.end_ms);
         match spent {
             None => {
@@ -406,18 +490,75 @@ impl Budgets {
         let (t, m) = spends
             .iter()
             .fold((0, 0), |(t, m), s| (t + s.tokens, m + s.micro_usd));
+        // The counts of `routeTo` budgets are read back after the addition: one that is
+        // now spent joins the exhausted list at once (the next call is moved).
+        let routed: Vec<CountKey> = spends
+            .iter()
+            .filter(|s| {
+                snap.budgets
+                    .get(&s.budget)
+                    .is_some_and(|b| matches!(b.at_limit, AtLimit::RouteTo(_)))
+            })
+            .map(|s| CountKey {
+                budget: s.budget.clone(),
+                subject: s.subject.clone(),
+                period_start_ms: s.period_start_ms,
+            })
+            .collect();
         let store = Arc::clone(&self.store);
         let on_down = snap.budget_service.unwrap_or_default().on_service_down;
-        match tokio::task::spawn_blocking(move || store.add_spend(&spends, now)).await {
-            Ok(Ok(())) => {
+        let added = tokio::task::spawn_blocking(move || {
+            store.add_spend(&spends, now)?;
+            if routed.is_empty() {
+                return Ok(Vec::new());
+            }
+            store
+                .counted(&routed)
+                .map(|c| routed.into_iter().zip(c).collect())
+        })
+        .await;
+        match added {
+            Ok(Ok(routed)) => {
                 self.store_ok();
                 self.metrics.spent_tokens.fetch_add(t, Ordering::Relaxed);
                 self.metrics.spent_micro_usd.fetch_add(m, Ordering::Relaxed);
+                let spent: Vec<BudgetKey> = routed
+                    .into_iter()
+                    .filter(|(k, c)| {
+                        snap.budgets.get(&k.budget).is_some_and(|b| {
+                            budgets::is_spent(
+                                &b.limit,
+                                Spent {
+                                    tokens: c.tokens,
+                                    micro_usd: c.micro_usd,
+                                },
+                            )
+                        })
+                    })
+                    .map(|(k, _)| BudgetKey {
+                        budget: k.budget,
+                        subject: k.subject,
+                    })
+                    .collect();
+                if !spent.is_empty() {
+                    let resolved = self.resolve(snap, spent, now);
+                    self.list_exhausted(resolved.iter());
+                }
             }
             Ok(Err(err)) => self.store_failed(&err, on_down),
             Err(err) => self.store_failed(&err, on_down),
         }
     }
+}
+
+fn exhausted_entries(list: &BTreeMap<BudgetKey, i64>) -> Vec<Exhausted> {
+    list.iter()
+        .map(|(k, until)| Exhausted {
+            budget: k.budget.clone(),
+            subject: k.subject.clone(),
+            until_ms: *until,
+        })
+        .collect()
 }
 
 fn ok() -> RateLimitResponse {

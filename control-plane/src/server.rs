@@ -197,6 +197,7 @@ pub async fn start_with(
         settings.evidence.postgres_file.as_deref(),
         settings.data_dir.as_deref(),
         source.served(),
+        xds.as_ref().map(|x| x.pushed.clone()),
     )
     .await?;
     let controller = crate::controller::build(

@@ -2,7 +2,8 @@
 //! policy source (the policy dir, watched by content hash every 250 ms) and the kill
 //! switch (every signed envelope goes into the filter's configuration at once; the
 //! filter verifies it with the kill public key, and its poll of GET
-//! /api/v1/gateway/killswitch stays as the fallback). Without `jwksUri` in the gateway
+//! /api/v1/gateway/killswitch stays as the fallback) and the budget service (the exhausted
+//! `routeTo` budgets, `budgetsExhausted`, likewise at once). Without `jwksUri` in the gateway
 //! settings, the JWKS URL Envoy fetches keys from is the served issuer's discovery
 //! document's `jwks_uri` ([`discover_jwks`]).
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use halo_xds::{
-    GatewaySettings, JwksUris, PolicySource, Served, SnapshotCache, SourceStatus, Transform,
+    GatewaySettings, JwksUris, PolicySource, Pushed, Served, SnapshotCache, SourceStatus, Transform,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -31,6 +32,9 @@ pub struct XdsHost {
     pub addr: SocketAddr,
     pub cache: SnapshotCache,
     source: Arc<PolicySource>,
+    /// What is pushed with the policy: the kill list (from the kill switch) and the
+    /// exhausted budgets (from the budget service, [`crate::budget`]).
+    pub pushed: watch::Sender<Pushed>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -250,18 +254,17 @@ pub async fn start(
         .with_context(|| format!("binding --xds-listen {listen}"))?;
     let addr = listener.local_addr()?;
     let cache = SnapshotCache::new();
-    let (tx, rx) = watch::channel(None::<String>);
+    let (pushed, rx) = watch::channel(Pushed::default());
     let mut tasks = Vec::new();
     if let Some(ks) = killswitch {
         let mut signed = ks.subscribe();
         let text = |s: &crate::killswitch::SignedList| String::from_utf8(s.envelope.to_vec()).ok();
-        let _ = tx.send(text(&signed.borrow_and_update()));
+        pushed.send_modify(|p| p.kill_list = text(&signed.borrow_and_update()));
+        let tx = pushed.clone();
         tasks.push(tokio::spawn(async move {
             while signed.changed().await.is_ok() {
                 let envelope = text(&signed.borrow_and_update());
-                if tx.send(envelope).is_err() {
-                    break;
-                }
+                tx.send_modify(|p| p.kill_list = envelope);
             }
         }));
     }
@@ -291,6 +294,7 @@ pub async fn start(
         addr,
         cache,
         source: Arc::new(source),
+        pushed,
         tasks,
     }))
 }

@@ -6,8 +6,11 @@
 //!
 //! What a user relies on: calls through either Envoy add to one count; the call after the
 //! count reaches the limit gets a 429 in its wire's shape naming the budget and its reset,
-//! with Retry-After; other users are unaffected; the next period starts from zero; and
-//! with the budget service stopped calls pass, counted by Envoy.
+//! with Retry-After; other users are unaffected; a spent `routeTo` budget sends its
+//! caller's alias to the cheaper one on the xDS Envoy (the exhausted list is pushed) and
+//! is refused rather than overspent where the list does not reach (the standalone
+//! Envoy); the next period starts from zero, back on the normal route; and with the
+//! budget service stopped calls pass, counted by Envoy.
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
 // #[test] functions, and this in the helpers beside them.
@@ -33,14 +36,27 @@ const LIMIT: u64 = 5 * USAGE_TOKENS;
 /// Envoy then drops that call's spend (fail open), which is not what this test is about.
 const SERVICE: &str = "budgetService: {timeoutMs: 2000}\n";
 
+/// Erin's daily token budget, two calls; at its limit `sonnet` goes to `haiku`.
+const ERIN_LIMIT: u64 = 2 * USAGE_TOKENS;
+
 fn budget_yaml() -> String {
     format!(
-        "budgets:\n  dave-daily:\n    appliesTo: {{users: [dave@acme.com]}}\n    period: day\n    timeZone: Europe/Berlin\n    limit: {{tokens: {LIMIT}}}\n{SERVICE}"
+        "budgets:\n  dave-daily:\n    appliesTo: {{users: [dave@acme.com]}}\n    period: day\n    timeZone: Europe/Berlin\n    limit: {{tokens: {LIMIT}}}\n  erin-daily:\n    appliesTo: {{users: [erin@acme.com]}}\n    period: day\n    limit: {{tokens: {ERIN_LIMIT}}}\n    atLimit: {{routeTo: {{sonnet: haiku}}}}\n{SERVICE}"
     )
 }
 
-/// One call on `port` over a connection of its own: status, headers, JSON body.
+/// One haiku call on `port` over a connection of its own: status, headers, JSON body.
 async fn call(port: u16, token: &str) -> (u16, reqwest::header::HeaderMap, Value) {
+    call_model(port, token, "haiku").await
+}
+
+/// A call for `model` on `port` over a connection of its own: status, headers, JSON body
+/// (the fake provider's answer names the model it was sent).
+async fn call_model(
+    port: u16,
+    token: &str,
+    model: &str,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(0)
@@ -49,7 +65,7 @@ async fn call(port: u16, token: &str) -> (u16, reqwest::header::HeaderMap, Value
     let r = client
         .post(format!("http://127.0.0.1:{port}/v1/messages"))
         .bearer_auth(token)
-        .json(&json!({"model": "haiku", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}))
+        .json(&json!({"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}))
         .send()
         .await
         .expect("the gateway answers");
@@ -206,10 +222,102 @@ async fn budgets_are_one_count_across_envoys_refused_in_the_wire_shape_and_reset
         .await;
     assert_eq!(none.body["budgets"], json!([]), "{:?}", none.body);
 
+    // Route to cheaper: erin's budget sends `sonnet` to `haiku` once spent.
+    let erin = env.issuer.mint(json!({
+        "aud": "api://halos", "sub": "u-erin", "email": "erin@acme.com",
+        "email_verified": true, "groups": ["engineering"],
+    }));
+    let before = spent();
+    for i in 0..2u64 {
+        let (status, _, body) = call_model(gw.port, &erin, "sonnet").await;
+        assert_eq!(status, 200, "erin's call {i} within the budget: {body}");
+        assert_eq!(body["model"], "m", "sonnet's own target: {body}");
+        until("erin's spend", || {
+            spent() == before + (i + 1) * USAGE_TOKENS
+        })
+        .await;
+    }
+    // Spent: the exhausted list reaches the xDS Envoy (one push), and from then on erin's
+    // sonnet calls are served by haiku's target. Before the push a call is refused, never
+    // served by sonnet's target past the limit.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, body) = call_model(gw.port, &erin, "sonnet").await;
+        if status == 200 {
+            assert_eq!(
+                body["model"], "haiku-model",
+                "routed to the cheaper alias: {body}"
+            );
+            break;
+        }
+        assert_eq!(
+            status, 429,
+            "before the push: refused, not overspent: {body}"
+        );
+        assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+        assert!(
+            Instant::now() < deadline,
+            "the exhausted list never reached the xDS Envoy"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(service.exhausted().len(), 1, "erin's count alone is listed");
+    assert!(
+        !service.exhausted()[0].subject.contains("erin"),
+        "the list carries the salted key, never the user"
+    );
+    // Calls routed to the cheaper alias still count (the budget stays spent).
+    until("erin's routed spend", || spent() > before + ERIN_LIMIT).await;
+    // Others on the same alias keep its target.
+    let (status, _, body) = call_model(gw.port, &alice, "sonnet").await;
+    assert_eq!((status, &body["model"]), (200, &json!("m")), "{body}");
+    // The standalone Envoy has no push: it refuses erin's sonnet with the budget's
+    // message, and serves the cheaper alias she is routed to.
+    let (status, headers, body) = call_model(port2, &erin, "sonnet").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(headers["x-halo-budget"], "erin-daily");
+    let (status, _, body) = call_model(port2, &erin, "haiku").await;
+    assert_eq!(
+        (status, &body["model"]),
+        (200, &json!("haiku-model")),
+        "{body}"
+    );
+
     // The next period (the service's clock a day on) starts from zero.
+    let xds = &gw
+        .server
+        .running
+        .as_ref()
+        .expect("running")
+        .xds
+        .as_ref()
+        .expect("xds")
+        .cache;
+    let acked = || {
+        xds.status()
+            .iter()
+            .flat_map(|n| n.types.values())
+            .map(|t| (t.sent_version.clone(), t.acked_version.clone()))
+            .collect::<Vec<_>>()
+    };
+    let with_erin = acked();
     service.clock.advance(24 * 3600 * 1000);
     let (status, _, body) = call(port2, &dave).await;
     assert_eq!(status, 200, "a new day: {body}");
+    // Erin's entry ends with its period: the list is pushed empty (Envoy acknowledges it)
+    // and her sonnet calls are sonnet's again.
+    until("erin's entry to expire", || service.exhausted().is_empty()).await;
+    until("Envoy to acknowledge the empty list", || {
+        let now = acked();
+        now != with_erin && now.iter().all(|(sent, acked)| sent == acked)
+    })
+    .await;
+    let (status, _, body) = call_model(gw.port, &erin, "sonnet").await;
+    assert_eq!(
+        (status, &body["model"]),
+        (200, &json!("m")),
+        "a new day: {body}"
+    );
 
     // The budget service stops: calls pass, and Envoy counts each unchecked call.
     let before = gw

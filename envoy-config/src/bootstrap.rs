@@ -213,12 +213,39 @@ pub fn retry_policy(r: &RoutePlan) -> Value {
     })
 }
 
+/// What halo-server pushes in the filter's configuration besides the policy (xDS mode):
+/// the lists that change without a policy merge.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pushed {
+    /// The signed kill-list envelope as JSON text (`killList`): the filter verifies it
+    /// with the kill public key exactly as a polled one.
+    pub kill_list: Option<String>,
+    /// The `routeTo` budgets spent now (`budgetsExhausted`): the filter sends their
+    /// callers' aliases to the cheaper ones before routing.
+    pub budgets_exhausted: Vec<halo_policy::budgets::Exhausted>,
+}
+
+impl Pushed {
+    /// The configuration keys this adds, as one text: what a snapshot version hashes.
+    pub fn digest_text(&self) -> String {
+        format!(
+            "{}\n{}",
+            self.kill_list.as_deref().unwrap_or_default(),
+            serde_json::to_string(&self.budgets_exhausted).unwrap_or_default()
+        )
+    }
+}
+
 /// The halo filter of `f` (either build) with its configuration `{snapshot, settings}`,
-/// plus `killList` (the signed envelope halo-server pushes) when given; named `f.name`.
-pub fn planned_filter(f: &FilterPlan, snap: &Snapshot, kill_list: Option<&str>) -> Value {
+/// plus what halo-server pushes ([`Pushed`]: `killList`, `budgetsExhausted`) when there
+/// is any; named `f.name`.
+pub fn planned_filter(f: &FilterPlan, snap: &Snapshot, pushed: &Pushed) -> Value {
     let mut configuration = filter_configuration(snap, &f.settings);
-    if let Some(envelope) = kill_list {
+    if let Some(envelope) = &pushed.kill_list {
         configuration["killList"] = Value::String(envelope.to_string());
+    }
+    if !pushed.budgets_exhausted.is_empty() {
+        configuration["budgetsExhausted"] = json!(pushed.budgets_exhausted);
     }
     let mut filter = halo_filter_with(&f.module, &configuration);
     filter["name"] = json!(f.name);
@@ -449,7 +476,11 @@ fn emit(snap: &Snapshot, plan: &Plan, opts: &Standalone) -> Result<Value, PlanEr
     clusters.extend(plan.aggregates.iter().map(|a| aggregate_cluster(plan, a)));
     clusters.extend(l.services().into_iter().map(service_cluster));
     let mut http_filters: Vec<Value> = l.jwt_authn.iter().cloned().collect();
-    http_filters.extend(l.filter.as_ref().map(|f| planned_filter(f, snap, None)));
+    http_filters.extend(
+        l.filter
+            .as_ref()
+            .map(|f| planned_filter(f, snap, &Pushed::default())),
+    );
     // After the halo filter: the budget check reads the facts it wrote.
     http_filters.extend(l.budgets.as_ref().map(|b| b.filter.clone()));
     http_filters.push(json!({

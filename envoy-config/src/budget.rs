@@ -11,7 +11,8 @@
 //!
 //! Two moments, each a descriptor with a `phase` entry:
 //! - `check`, at request time, adds 0: the service answers OVER_LIMIT, with the 429's
-//!   body and headers, when any applying budget is spent;
+//!   body and headers, when any applying budget is spent (a spent `routeTo` budget lets
+//!   through the calls on the aliases it sends callers to: the `alias` entry);
 //! - `spend-tokens` and `spend-micro-usd`, when the stream is done
 //!   (`apply_on_stream_done`): each adds the amount the filter wrote as `hits_addend`.
 //!   Only the filter-level `rate_limits` carry a response-derived `hits_addend` in Envoy
@@ -36,6 +37,9 @@ pub const FILTER_NAME: &str = "envoy.filters.http.ratelimit";
 pub const PHASE: &str = "phase";
 pub const BUDGETS: &str = "budgets";
 pub const WIRE: &str = "wire";
+/// The alias the call is routed as (after a `routeTo` budget moved it): a spent `routeTo`
+/// budget lets through the calls on its cheaper aliases.
+pub const ALIAS: &str = "alias";
 /// The `phase` values.
 pub const PHASE_CHECK: &str = "check";
 pub const PHASE_SPEND_TOKENS: &str = "spend-tokens";
@@ -97,7 +101,7 @@ pub fn ratelimit_filter(check: Check, service: &Export) -> Value {
             "timeout": format!("{}.{:03}s", check.timeout_ms / 1000, check.timeout_ms % 1000),
             "rate_limits": [
                 {
-                    "actions": [phase(PHASE_CHECK), from_fact(BUDGETS, Fact::Budgets), from_fact(WIRE, Fact::Wire)],
+                    "actions": [phase(PHASE_CHECK), from_fact(BUDGETS, Fact::Budgets), from_fact(WIRE, Fact::Wire), from_fact(ALIAS, Fact::Alias)],
                     "hits_addend": {"number": 0},
                 },
                 spend(PHASE_SPEND_TOKENS, Fact::BudgetTokens),

@@ -10,7 +10,9 @@
 //!               "routeHeader": "x-halo-route",
 //!               "breaker": {"consecutiveFailures": 5, "openSeconds": 30},
 //!               "shadow": {"cluster": "halo-shadow", "url": "http://...:9445/mirror",
-//!                          "tokenEnv": "HALO_SHADOW_TOKEN", "maxBytes": 1048576}}}
+//!                          "tokenEnv": "HALO_SHADOW_TOKEN", "maxBytes": 1048576}},
+//!  "killList": "<signed envelope>",
+//!  "budgetsExhausted": [{"budget": "eng-daily", "subject": "<32 hex>", "untilMs": 1764889200000}]}
 //! ```
 //!
 //! The per-attempt stage (an upstream filter on the aggregate clusters, see
@@ -46,6 +48,10 @@ struct RawConfig {
     /// `settings.killSwitch.pubkey` exactly like a polled one; the poll stays as fallback.
     #[serde(default, rename = "killList")]
     kill_list: Option<String>,
+    /// The exhausted `routeTo` budgets pushed with the configuration (xDS): their callers'
+    /// aliases go to the cheaper ones (halo-policy's `budgets::rerouted`).
+    #[serde(default, rename = "budgetsExhausted")]
+    budgets_exhausted: Vec<halo_policy::budgets::Exhausted>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -216,6 +222,8 @@ pub struct Config {
     pub default_upstream: Option<String>,
     /// The pushed kill-list envelope (bytes as signed), if any.
     pub kill_list: Option<Vec<u8>>,
+    /// The pushed exhausted `routeTo` budgets (empty: none, or a standalone gateway).
+    pub budgets_exhausted: Vec<halo_policy::budgets::Exhausted>,
     /// Test only (`settings.testPanic`): the native build panics in this hook, so the live
     /// suite can prove a panic answers 500 and never takes Envoy down. The wasm build
     /// ignores it (a panic there traps the VM, which is Envoy's to handle).
@@ -394,6 +402,7 @@ impl Config {
             route_header,
             default_upstream: s.default_upstream_cluster,
             kill_list: raw.kill_list.map(String::into_bytes),
+            budgets_exhausted: raw.budgets_exhausted,
             test_panic: s.test_panic,
             breaker: s.breaker,
         })

@@ -1897,3 +1897,71 @@ fn a_budgeted_call_names_its_budgets_and_reports_what_it_spent() {
     budget_facts::<true>();
     budget_facts::<false>();
 }
+
+/// Route to cheaper (issue #25): with the caller's `routeTo` budget in the pushed
+/// exhausted list, a call for the alias it names goes to the cheaper alias's target (the
+/// route, the body's model and the account's alias); once the entry's period has ended,
+/// or for another alias or user, the call keeps its route.
+fn rerouted_by_budget<const P: bool>() {
+    // No canary: every route here is the alias's own.
+    let mut s = crate::tests::snapshot(Some("https://idp"));
+    s["models"]["haiku"] = json!([{"upstream": "a", "model": "claude-haiku"}]);
+    s["budgets"] = json!({"alice-daily": {
+        "appliesTo": {"users": ["alice@acme.test"]},
+        "period": "day",
+        "limit": {"tokens": 1000},
+        "atLimit": {"routeTo": {"sonnet": "haiku"}},
+    }});
+    let key = halo_policy::budgets::subject_key("alice-daily", "alice@acme.test");
+    let with_until = |until_ms: i64| {
+        let doc = json!({"snapshot": s, "settings": {},
+            "budgetsExhausted": [{"budget": "alice-daily", "subject": key, "untilMs": until_ms}]});
+        TestPolicy::new(
+            Config::from_bytes(doc.to_string().as_bytes()).expect("config"),
+            NOW,
+        )
+    };
+    let routed = |p: &TestPolicy, user: &str, model: &str| {
+        let body = format!(r#"{{"model":"{model}","max_tokens":5}}"#);
+        let r = fake::request_answered(
+            p,
+            post::<P>(Some(user), body.as_bytes(), &[]),
+            &[body.as_bytes()],
+            200,
+            "",
+        );
+        let sent = String::from_utf8_lossy(&r.envoy.body).into_owned();
+        (
+            r.envoy.header("x-halo-route").map(str::to_string),
+            sent,
+            fact(&r, Fact::Alias).map(str::to_string),
+        )
+    };
+    // The clock of the fake Envoy starts at 0: an entry until 1 s is in force.
+    let p = with_until(1_000);
+    let (route, sent, alias) = routed(&p, "alice@acme.test", "sonnet");
+    assert_eq!(route.as_deref(), Some("haiku-0"));
+    assert!(sent.contains(r#""model":"claude-haiku""#), "{sent}");
+    assert_eq!(alias.as_deref(), Some("haiku"));
+    // Another user under no budget, and an alias the budget does not name: unmoved.
+    assert_eq!(
+        routed(&p, "bob@acme.test", "sonnet").0.as_deref(),
+        Some("sonnet-0")
+    );
+    assert_eq!(
+        routed(&p, "alice@acme.test", "haiku").0.as_deref(),
+        Some("haiku-0")
+    );
+    // The period is over (the entry's end passed): back on the normal route.
+    let p = with_until(0);
+    let (route, sent, alias) = routed(&p, "alice@acme.test", "sonnet");
+    assert_eq!(route.as_deref(), Some("sonnet-0"));
+    assert!(sent.contains(r#""model":"claude-sonnet""#), "{sent}");
+    assert_eq!(alias.as_deref(), Some("sonnet"));
+}
+
+#[test]
+fn an_exhausted_route_to_budget_sends_the_alias_to_the_cheaper_one() {
+    rerouted_by_budget::<true>();
+    rerouted_by_budget::<false>();
+}

@@ -372,7 +372,8 @@ pub struct Forward {
 
 /// Body-time steps on the kill-list-applied snapshot `snap`. `scanned` is the body's scan
 /// when the glue ran it while the body arrived ([`halo_policy::body_scan::Incremental`]);
-/// `None` scans here. `admit` is the target breakers' word on whether a call may lead
+/// `None` scans here. `now_unix_ms` is the host's clock (an exhausted budget's end is read
+/// against it). `admit` is the target breakers' word on whether a call may lead
 /// with a target ([`crate::breaker`]), asked in failover order only when more than one
 /// target can serve the call.
 pub fn on_body(
@@ -381,6 +382,7 @@ pub fn on_body(
     pending: &Pending,
     body: &[u8],
     scanned: Option<Result<TopLevel, ScanError>>,
+    now_unix_ms: i64,
     admit: &mut dyn FnMut(&Target) -> bool,
 ) -> Result<Forward, Reply> {
     let admission = match scanned {
@@ -396,7 +398,24 @@ pub fn on_body(
         (Ok(Admission::Model(call)), _) => call,
         (Err(r), _) => return Err(Reply::from_refusal(&r, "admit")),
     };
-    let decision = decide::decide(snap, &pending.caller, &call.alias);
+    let mut call = call;
+    let mut decision = decide::decide(snap, &pending.caller, &call.alias);
+    // A spent `routeTo` budget of the caller's sends the alias to its cheaper one (the
+    // list halo-server pushes); the budget check after this filter cannot move a call.
+    if let Caller::Verified(s) = &pending.caller
+        && !cfg.budgets_exhausted.is_empty()
+    {
+        let applying = halo_policy::budgets::applying(snap, s, &decision.ring);
+        if let Some((_, to)) = halo_policy::budgets::rerouted(
+            &applying,
+            &cfg.budgets_exhausted,
+            &call.alias,
+            now_unix_ms,
+        ) {
+            call.alias = to.to_string();
+            decision = decide::decide(snap, &pending.caller, &call.alias);
+        }
+    }
     let order = route::route_order(&decision.targets, pending.pick_key.as_deref(), &call.alias);
     if order.is_empty() {
         return Err(Reply::no_available_target(

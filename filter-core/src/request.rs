@@ -230,9 +230,15 @@ impl RequestFlow {
                     || b.would_admit(&cfg.breaker, &cluster_names::target_cluster(t), host.now())
             })
         };
-        let Ok(forward) =
-            pipeline::on_body(cfg, &snap, pending, &self.body, Some(Ok(found)), &mut admit)
-        else {
+        let Ok(forward) = pipeline::on_body(
+            cfg,
+            &snap,
+            pending,
+            &self.body,
+            Some(Ok(found)),
+            now_ms(host),
+            &mut admit,
+        ) else {
             return;
         };
         if let Some(edit) = forward.body
@@ -257,7 +263,8 @@ impl RequestFlow {
                 b.is_empty() || b.admit(&cfg.breaker, &cluster_names::target_cluster(t), host.now())
             })
         };
-        match pipeline::on_body(cfg, &snap, &pending, &body, scanned, &mut admit) {
+        let now = now_ms(host);
+        match pipeline::on_body(cfg, &snap, &pending, &body, scanned, now, &mut admit) {
             Err(reply) => self.reply(host, reply),
             Ok(forward) => {
                 self.apply(host, cfg, &snap, &pending, forward, &body, in_body);
@@ -455,6 +462,11 @@ impl RequestFlow {
             status,
         });
     }
+}
+
+/// The host's clock in Unix milliseconds (what an exhausted budget's `untilMs` is read against).
+fn now_ms<H: Host>(host: &H) -> i64 {
+    i64::try_from(host.now().as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Build the shadow job of a decided call ([`shadow`]) and hand it to Envoy, which sends

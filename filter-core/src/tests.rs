@@ -257,6 +257,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         &pending,
         br#"{"model":"sonnet","x":1}"#,
         None,
+        0,
         &mut |_| true,
     )
     .expect("routed");
@@ -291,6 +292,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         &pending,
         sent,
         Some(scan.finish(sent)),
+        0,
         &mut |_| true,
     )
     .expect("routed");
@@ -309,6 +311,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         &pending,
         bad,
         Some(scan.finish(bad)),
+        0,
         &mut |_| true,
     )
     .expect_err("invalid JSON");
@@ -321,6 +324,7 @@ fn pipeline_body_routes_rewrites_and_stamps() {
         &pending,
         br#"{"model":"gpt-4"}"#,
         None,
+        0,
         &mut |_| true,
     )
     .expect_err("unknown");
@@ -328,8 +332,8 @@ fn pipeline_body_routes_rewrites_and_stamps() {
 
     let mut gem = pending.clone();
     gem.path = "/v1beta/models/gem:generateContent?key=tok&alt=sse".into();
-    let f =
-        pipeline::on_body(&cfg, &cfg.snapshot, &gem, b"{}", None, &mut |_| true).expect("gemini");
+    let f = pipeline::on_body(&cfg, &cfg.snapshot, &gem, b"{}", None, 0, &mut |_| true)
+        .expect("gemini");
     assert_eq!(
         f.path.as_deref(),
         Some("/v1beta/models/gemini-2.5-pro:generateContent?alt=sse")

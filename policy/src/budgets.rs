@@ -21,7 +21,7 @@ use jiff::tz::TimeZone;
 use crate::assign;
 use crate::decide::Subject;
 use crate::snapshot::Snapshot;
-use crate::types::{Budget, BudgetCount, BudgetLimit, BudgetPeriod, WireProtocol};
+use crate::types::{AtLimit, Budget, BudgetCount, BudgetLimit, BudgetPeriod, WireProtocol};
 
 /// The subject of a pooled count.
 pub const POOL: &str = "pool";
@@ -247,11 +247,58 @@ pub fn spent_reply(
     (body.to_string().into_bytes(), extra)
 }
 
+/// A count spent under a budget whose `atLimit` routes rather than refuses: an entry of the
+/// exhausted list halo-server pushes in every filter's configuration (`budgetsExhausted`),
+/// which the filter reads before routing ([`rerouted`]). The budget check runs after the
+/// route is chosen, so it cannot move a call; this list can.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Exhausted {
+    pub budget: String,
+    /// The count's subject: a [`subject_key`] or [`POOL`] (never the user).
+    pub subject: String,
+    /// The end of the period it is spent in (Unix ms): from then on the entry is void, so
+    /// a list that stopped arriving cannot keep a caller on the cheaper route.
+    pub until_ms: i64,
+}
+
+/// The alias a call for `alias` goes to instead, and the budget that sends it there: the
+/// first of the caller's `applying` budgets (by name) that routes `alias` at its limit and
+/// is in `exhausted` until after `now_ms`. `None`: the call keeps its alias.
+pub fn rerouted<'a>(
+    applying: &[Applying<'a>],
+    exhausted: &[Exhausted],
+    alias: &str,
+    now_ms: i64,
+) -> Option<(&'a str, &'a str)> {
+    applying.iter().find_map(|a| {
+        let AtLimit::RouteTo(routes) = &a.budget.at_limit else {
+            return None;
+        };
+        let to = routes.get(alias)?;
+        exhausted
+            .iter()
+            .any(|e| e.budget == a.key.budget && e.subject == a.key.subject && e.until_ms > now_ms)
+            .then_some((a.name, to.as_str()))
+    })
+}
+
+/// Whether a spent `budget` still lets a call for `alias` through: a `routeTo` budget
+/// lets through the calls already on a route it sends callers to (the cheaper aliases);
+/// every other call under a spent budget is refused, so a gateway that has not (yet) got
+/// the exhausted list refuses rather than serving the expensive alias uncounted.
+pub fn serves_at_limit(budget: &Budget, alias: &str) -> bool {
+    match &budget.at_limit {
+        AtLimit::Refuse => false,
+        AtLimit::RouteTo(routes) => routes.values().any(|to| to == alias),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::decide::testkit::SnapBuilder;
-    use crate::types::{AtLimit, BudgetScope};
+    use crate::types::BudgetScope;
 
     fn budget(period: BudgetPeriod, zone: Option<&str>) -> Budget {
         Budget {
@@ -310,6 +357,60 @@ mod tests {
         assert_eq!(m.start_ms, ms("2026-02-28T23:00:00Z"));
         assert_eq!(m.end_ms, ms("2026-03-31T22:00:00Z"));
         assert_eq!(m.resets_at, "2026-04-01T00:00:00+02:00");
+    }
+
+    #[test]
+    fn an_exhausted_route_to_budget_moves_the_alias_it_names_until_its_period_ends() {
+        let mut snap = SnapBuilder::new().build();
+        let mut b = budget(BudgetPeriod::Day, None);
+        b.at_limit = AtLimit::RouteTo([("opus".to_string(), "sonnet".to_string())].into());
+        snap.budgets.insert("eng-daily".into(), b);
+        snap.budgets
+            .insert("eng-refuse".into(), budget(BudgetPeriod::Day, None));
+        let alice = Subject::new("alice@x", &["eng"]);
+        let got = applying(&snap, &alice, "general");
+        let key = subject_key("eng-daily", "alice@x");
+        let list = vec![Exhausted {
+            budget: "eng-daily".into(),
+            subject: key.clone(),
+            until_ms: 1_000,
+        }];
+        assert_eq!(
+            rerouted(&got, &list, "opus", 999),
+            Some(("eng-daily", "sonnet"))
+        );
+        // Another alias, the period over, another user's entry: the alias stays.
+        assert_eq!(rerouted(&got, &list, "haiku", 999), None);
+        assert_eq!(rerouted(&got, &list, "opus", 1_000), None);
+        let bob = Subject::new("bob@x", &["eng"]);
+        assert_eq!(
+            rerouted(&applying(&snap, &bob, "general"), &list, "opus", 999),
+            None
+        );
+        // An exhausted list naming a refusing budget moves nothing.
+        let refuse = vec![Exhausted {
+            budget: "eng-refuse".into(),
+            subject: subject_key("eng-refuse", "alice@x"),
+            until_ms: 1_000,
+        }];
+        assert_eq!(rerouted(&got, &refuse, "opus", 999), None);
+        // Spent, the budget still serves the cheaper alias and refuses the rest.
+        let route = &snap.budgets["eng-daily"];
+        assert!(serves_at_limit(route, "sonnet"));
+        assert!(!serves_at_limit(route, "opus"));
+        assert!(!serves_at_limit(route, "haiku"));
+        assert!(!serves_at_limit(&snap.budgets["eng-refuse"], "sonnet"));
+        let text = serde_json::to_string(&list).expect("json");
+        assert_eq!(
+            text,
+            format!(r#"[{{"budget":"eng-daily","subject":"{key}","untilMs":1000}}]"#)
+        );
+        assert!(
+            serde_json::from_str::<Vec<Exhausted>>(
+                r#"[{"budget":"b","subject":"s","untilMs":1,"user":"x"}]"#
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -329,8 +329,9 @@ pub enum AtLimit {
     /// 429 in the client wire's error shape, naming the budget and when it resets.
     #[default]
     Refuse,
-    /// Alias -> a cheaper alias the call is sent to instead (not enforced yet: such a
-    /// budget refuses at its limit; `halo validate` warns).
+    /// Alias -> a cheaper alias the call is sent to instead, once the budget is spent
+    /// (gateways fed over xDS get the exhausted list pushed; a gateway without it, such as
+    /// a standalone one, refuses the aliases named here as under `refuse`).
     RouteTo(BTreeMap<String, String>),
 }
 

@@ -14,8 +14,7 @@
 //! in a URL or header), the warning `unusable` (a target no harness can reach), the
 //! warning `unmapped-model` (a model family Claude Code resolves itself to an id the
 //! gateway refuses, see [`crate::harness_models`]) and the warning `unpriced` (a routed
-//! model the price table does not price: its cost is unknown) and the warning `not-enforced`
-//! (a budget's `routeTo`, which this build does not act on yet).
+//! model the price table does not price: its cost is unknown).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,8 +41,6 @@ pub const RULE_UNMAPPED_MODEL: &str = "unmapped-model";
 /// Warning rule for a routed model without a price (its calls' cost is unknown).
 pub const RULE_UNPRICED: &str = "unpriced";
 
-/// Warning rule for a policy setting this build accepts but does not act on yet.
-pub const RULE_NOT_ENFORCED: &str = "not-enforced";
 /// The largest budget in USD: a larger one is a typo (and would overflow micro-USD counts).
 pub const MAX_BUDGET_USD: f64 = 1e9;
 /// The longest Envoy may wait for the budget check (ms): it delays every budgeted call.
@@ -723,12 +720,6 @@ impl Checker<'_> {
                         );
                     }
                 }
-                self.warning(
-                    doc,
-                    path,
-                    RULE_NOT_ENFORCED,
-                    "routeTo is not enforced yet: calls under this budget are refused (429) at its limit",
-                );
             }
         }
         if let Some(ms) = gateway.budget_service.and_then(|s| s.timeout_ms)

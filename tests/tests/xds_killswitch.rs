@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use halo_e2e::*;
 use halo_testkit::free_port;
-use halo_xds::{GatewaySettings, NodeKey, snapshot_with_kill_list};
+use halo_xds::{GatewaySettings, NodeKey, Pushed, snapshot_with_pushed};
 use serde_json::{Value, json};
 
 fn msg(model: &str) -> Value {
@@ -131,7 +131,15 @@ async fn a_kill_issued_while_halo_server_is_down_reaches_envoy_soon_after_it_ret
     let text = String::from_utf8(envelope).expect("envelope is JSON text");
     ads.cache.set(
         NodeKey::Default,
-        snapshot_with_kill_list(&snap, &settings, Some(&text)).expect("translate"),
+        snapshot_with_pushed(
+            &snap,
+            &settings,
+            &Pushed {
+                kill_list: Some(text),
+                ..Pushed::default()
+            },
+        )
+        .expect("translate"),
     );
     ads.restart().await;
     let back = Instant::now();

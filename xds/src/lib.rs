@@ -37,6 +37,7 @@ pub mod server;
 pub mod source;
 
 pub use cache::{NodeKey, NodeStatus, Resource, Snapshot, SnapshotCache, TypeStatus, type_url};
+pub use halo_envoy_config::bootstrap::Pushed;
 pub use halo_envoy_config::plan::{GatewaySettings, Plan, PlanError, plan};
 pub use metrics::Metrics;
 pub use server::{ServeError, serve, serve_with_shutdown};
@@ -48,21 +49,22 @@ pub fn snapshot_of(
     compiled: &halo_policy::Snapshot,
     settings: &GatewaySettings,
 ) -> Result<Snapshot, PlanError> {
-    snapshot_with_kill_list(compiled, settings, None)
+    snapshot_with_pushed(compiled, settings, &Pushed::default())
 }
 
-/// [`snapshot_of`], with the current signed kill-list envelope (halo-server's, as JSON
-/// text) delivered to the filter in its configuration's `killList`: the filter verifies
-/// it with the kill public key exactly as a polled one; the poll stays as the fallback.
-pub fn snapshot_with_kill_list(
+/// [`snapshot_of`], with what halo-server pushes in the filter's configuration
+/// ([`Pushed`]): the current signed kill-list envelope (`killList`; the filter verifies it
+/// with the kill public key exactly as a polled one, the poll stays as the fallback) and
+/// the exhausted `routeTo` budgets (`budgetsExhausted`).
+pub fn snapshot_with_pushed(
     compiled: &halo_policy::Snapshot,
     settings: &GatewaySettings,
-    kill_list: Option<&str>,
+    pushed: &Pushed,
 ) -> Result<Snapshot, PlanError> {
     let plan = plan(compiled, settings)?;
     let mut resources = envoy::resources(&plan);
     if let Some(f) = &plan.listener.filter {
-        let filter = halo_envoy_config::bootstrap::planned_filter(f, compiled, kill_list);
+        let filter = halo_envoy_config::bootstrap::planned_filter(f, compiled, pushed);
         resources.push(envoy::filter_config(&f.name, &filter));
     }
     let settings_json = serde_json::to_vec(settings).unwrap_or_default();
@@ -70,7 +72,7 @@ pub fn snapshot_with_kill_list(
         "{}.{}.{}",
         &compiled.version()[..16],
         &halo_policy::Snapshot::version_of(&settings_json)[..8],
-        &halo_policy::Snapshot::version_of(kill_list.unwrap_or_default().as_bytes())[..8]
+        &halo_policy::Snapshot::version_of(pushed.digest_text().as_bytes())[..8]
     );
     Ok(Snapshot::from_resources(version, resources))
 }

@@ -6,8 +6,9 @@
 //! loads, validates (no errors) and translates replaces the served policy and is pushed;
 //! anything else is logged (the issues only: policy text may carry names, never secrets,
 //! but the log stays short), counted in `rejected`, recorded in [`SourceStatus`], and the
-//! last good policy keeps serving. A new kill-list envelope on the watch channel is pushed
-//! at once with the current policy (the filter verifies it with the kill public key).
+//! last good policy keeps serving. A new kill-list envelope or exhausted-budget list on the
+//! watch channel ([`Pushed`]) is pushed at once with the current policy (the filter
+//! verifies the envelope with the kill public key).
 //! So is a change of the discovered JWKS URLs ([`JwksUris`]: the host reads each issuer's
 //! OIDC discovery document; the plan uses the served issuer's when the settings name no
 //! `jwksUri`).
@@ -31,7 +32,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use crate::{GatewaySettings, NodeKey, SnapshotCache, snapshot_with_kill_list};
+use crate::{GatewaySettings, NodeKey, Pushed, SnapshotCache, snapshot_with_pushed};
 
 /// What the source serves and what it refused, for the status API.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -92,11 +93,12 @@ pub struct PolicySource {
 }
 
 /// Where a source's accepted policies go besides [`PolicySource::served`]: translated into
-/// `cache` with the gateway settings and the current kill-list envelope.
+/// `cache` with the gateway settings and what halo-server pushes besides (the kill-list
+/// envelope, the exhausted budgets).
 struct Push {
     settings: GatewaySettings,
     cache: SnapshotCache,
-    kill_list: watch::Receiver<Option<String>>,
+    pushed: watch::Receiver<Pushed>,
     jwks_uris: watch::Receiver<JwksUris>,
 }
 
@@ -105,7 +107,7 @@ impl Push {
     fn set(
         &self,
         compiled: &halo_policy::Snapshot,
-        envelope: Option<&str>,
+        pushed: &Pushed,
     ) -> Result<Option<String>, String> {
         let discovered = compiled
             .identity
@@ -118,9 +120,9 @@ impl Push {
                     jwks_uri: Some(uri.clone()),
                     ..self.settings.clone()
                 };
-                snapshot_with_kill_list(compiled, &settings, envelope)
+                snapshot_with_pushed(compiled, &settings, pushed)
             }
-            None => snapshot_with_kill_list(compiled, &self.settings, envelope),
+            None => snapshot_with_pushed(compiled, &self.settings, pushed),
         }
         .map_err(|e| e.to_string())?;
         self.cache.set(NodeKey::Default, snap);
@@ -208,17 +210,17 @@ pub fn load_org(dir: &Path) -> Result<(halo_policy::Org, halo_policy::Snapshot),
 
 impl PolicySource {
     /// Serve `dir` into `cache` (default node), re-reading it when its content hash
-    /// changes (checked every `interval`), and push every new envelope from `kill_list`.
+    /// changes (checked every `interval`), and push every new kill-list envelope and exhausted-budget list from `pushed`.
     /// The first load must succeed.
     pub fn spawn(
         dir: PathBuf,
         interval: Duration,
         settings: GatewaySettings,
         cache: SnapshotCache,
-        kill_list: watch::Receiver<Option<String>>,
+        pushed: watch::Receiver<Pushed>,
     ) -> Result<PolicySource, SourceError> {
         let (_, jwks_uris) = watch::channel(JwksUris::new());
-        Self::spawn_transformed(dir, interval, settings, cache, kill_list, jwks_uris, None)
+        Self::spawn_transformed(dir, interval, settings, cache, pushed, jwks_uris, None)
     }
 
     /// [`PolicySource::spawn`], with the discovered JWKS URLs (a change is pushed at
@@ -229,14 +231,14 @@ impl PolicySource {
         interval: Duration,
         settings: GatewaySettings,
         cache: SnapshotCache,
-        kill_list: watch::Receiver<Option<String>>,
+        pushed: watch::Receiver<Pushed>,
         jwks_uris: watch::Receiver<JwksUris>,
         transform: Option<Transform>,
     ) -> Result<PolicySource, SourceError> {
         let push = Push {
             settings,
             cache,
-            kill_list,
+            pushed,
             jwks_uris,
         };
         Self::start(dir, interval, Some(push), transform)
@@ -277,10 +279,8 @@ impl PolicySource {
         let first = load(&dir).map_err(fail)?;
         let mut discovered_jwks_uri = None;
         if let Some(p) = &mut push {
-            let envelope = p.kill_list.borrow_and_update().clone();
-            discovered_jwks_uri = p
-                .set(&first.compiled, envelope.as_deref())
-                .map_err(|e| fail(vec![e]))?;
+            let pushed = p.pushed.borrow_and_update().clone();
+            discovered_jwks_uri = p.set(&first.compiled, &pushed).map_err(|e| fail(vec![e]))?;
         }
         {
             let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
@@ -301,7 +301,7 @@ impl PolicySource {
             let mut jwks_open = push.is_some();
             loop {
                 let (kills, jwks) = match &mut push {
-                    Some(p) => (Some(&mut p.kill_list), Some(&mut p.jwks_uris)),
+                    Some(p) => (Some(&mut p.pushed), Some(&mut p.jwks_uris)),
                     None => (None, None),
                 };
                 let kill_change = async {
@@ -325,9 +325,9 @@ impl PolicySource {
                         }
                         if let Some(p) = &mut push {
                             p.jwks_uris.borrow_and_update();
-                            let envelope = p.kill_list.borrow().clone();
+                            let pushed = p.pushed.borrow().clone();
                             let current = Arc::clone(&served_tx.borrow());
-                            match p.set(&current.compiled, envelope.as_deref()) {
+                            match p.set(&current.compiled, &pushed) {
                                 Ok(uri) => {
                                     let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
                                     s.discovered_jwks_uri = uri;
@@ -343,15 +343,15 @@ impl PolicySource {
                             continue;
                         }
                         if let Some(p) = &mut push {
-                            let envelope = p.kill_list.borrow_and_update().clone();
+                            let pushed = p.pushed.borrow_and_update().clone();
                             let current = Arc::clone(&served_tx.borrow());
-                            match p.set(&current.compiled, envelope.as_deref()) {
+                            match p.set(&current.compiled, &pushed) {
                                 Ok(uri) => {
                                     let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
                                     s.kill_pushes += 1;
                                     s.discovered_jwks_uri = uri;
                                 }
-                                Err(e) => tracing::error!(error = %e, "kill list push failed"),
+                                Err(e) => tracing::error!(error = %e, "kill list or exhausted budgets push failed"),
                             }
                         }
                         continue;
@@ -382,8 +382,8 @@ impl PolicySource {
                 }
                 let result = load(&dir).and_then(|accepted| match &push {
                     Some(p) => {
-                        let envelope = p.kill_list.borrow().clone();
-                        p.set(&accepted.compiled, envelope.as_deref())
+                        let pushed = p.pushed.borrow().clone();
+                        p.set(&accepted.compiled, &pushed)
                             .map(|uri| (accepted, uri))
                             .map_err(|e| vec![e])
                     }
@@ -456,7 +456,7 @@ impl SourceStatus {
         );
         let _ = writeln!(
             out,
-            "# HELP halo_policy_kill_pushes_total Kill-list envelopes pushed with the served policy.\n# TYPE halo_policy_kill_pushes_total counter\nhalo_policy_kill_pushes_total {}",
+            "# HELP halo_policy_kill_pushes_total Kill-list envelopes and exhausted-budget lists pushed with the served policy.\n# TYPE halo_policy_kill_pushes_total counter\nhalo_policy_kill_pushes_total {}",
             self.kill_pushes
         );
         out
