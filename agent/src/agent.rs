@@ -12,6 +12,7 @@ use std::time::Duration;
 use halo_policy::decide::{Subject, client_toggle_is_on};
 use halo_policy::killswitch::{self, KillList};
 use halo_policy::{Axis, Toggle};
+use halo_release::adapters::telemetry::{self, Attribution, Resolved};
 use halo_release::adapters::{self, Os, RenderedFile};
 use halo_release::check::check_rendered;
 use halo_release::names::{Channel, pointer_tag};
@@ -173,6 +174,7 @@ pub struct Agent {
     keys: Vec<ed25519_compact::PublicKey>,
     kill_key: Option<ed25519_compact::PublicKey>,
     device_token: Option<String>,
+    telemetry_token: Option<String>,
     registry: Registry,
     http: reqwest::Client,
     state: State,
@@ -196,6 +198,18 @@ fn read(what: &'static str, path: &Path) -> Result<String, AgentError> {
         path: path.into(),
         message: e.to_string(),
     })
+}
+
+/// A token file's one line, when configured; an empty file is an error.
+fn read_token(what: &'static str, path: Option<&Path>) -> Result<Option<String>, AgentError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let token = read(what, path)?.trim().to_string();
+    if token.is_empty() {
+        return Err(bad(what, path, "the file is empty"));
+    }
+    Ok(Some(token))
 }
 
 fn bad(what: &'static str, path: &Path, message: impl std::fmt::Display) -> AgentError {
@@ -276,16 +290,9 @@ impl Agent {
             }
             None => None,
         };
-        let device_token = match &config.device_token_file {
-            Some(path) => {
-                let token = read("device token", path)?.trim().to_string();
-                if token.is_empty() {
-                    return Err(bad("device token", path, "the file is empty"));
-                }
-                Some(token)
-            }
-            None => None,
-        };
+        let device_token = read_token("device token", config.device_token_file.as_deref())?;
+        let telemetry_token =
+            read_token("telemetry token", config.telemetry_token_file.as_deref())?;
         let host = config.registry.split('/').next().unwrap_or_default();
         let registry = Registry::connect(
             &config.registry,
@@ -316,6 +323,7 @@ impl Agent {
             keys,
             kill_key,
             device_token,
+            telemetry_token,
             registry,
             http,
             state,
@@ -556,7 +564,7 @@ impl Agent {
         // Steps 3-4.
         let ring_release = self.pull(&context.ring, None).await?;
         // Step 5: the variant, skipping killed experiments; a failed channel fails all.
-        let mut chosen: Option<(Assignment, VerifiedRelease)> = None;
+        let mut chosen: Option<(Assignment, String, VerifiedRelease)> = None;
         if !context.subject.user.is_empty() {
             for exp in &ring_release.manifest.experiments {
                 if self.is_experiment_killed(&exp.name) {
@@ -578,20 +586,21 @@ impl Agent {
                         experiment: exp.name.clone(),
                         variant: variant.name.clone(),
                     },
+                    exp.salt.clone(),
                     release,
                 ));
                 break;
             }
         }
-        let (assignment, applied) = match &chosen {
-            Some((a, r)) => (Some(a.clone()), r),
-            None => (None, &ring_release),
+        let (assignment, salt, applied) = match &chosen {
+            Some((a, salt, r)) => (Some(a.clone()), Some(salt.as_str()), r),
+            None => (None, None, &ring_release),
         };
         // Steps 6-9.
-        self.apply_release(status, applied, &context, assignment.clone());
+        self.apply_release(status, applied, &context, assignment.clone(), salt);
         // Step 10 (marks): the pointers this cycle verified.
         let mut marks = vec![(None, &ring_release)];
-        if let Some((_, r)) = &chosen {
+        if let Some((_, _, r)) = &chosen {
             marks.push((r.manifest.channel.clone(), r));
         }
         for (channel, release) in marks {
@@ -616,16 +625,38 @@ impl Agent {
         Ok(())
     }
 
-    /// Steps 6-9 for a verified release: toggles, checkTarget, writes, stale removal.
+    /// Steps 6-9 for a verified release: toggles, telemetry attribution, checkTarget,
+    /// writes, stale removal. `salt` is the assigned experiment's.
     fn apply_release(
         &mut self,
         status: &mut Status,
         release: &VerifiedRelease,
         context: &RingContext,
         assignment: Option<Assignment>,
+        salt: Option<&str>,
     ) {
         let toggles = self.active_toggles(&release.manifest.toggles, context);
-        let desired = self.desired_files(release, &toggles, &mut status.warnings);
+        // The harnesses' own telemetry names this device's ring, release, variant and
+        // unit; without a subject there is no unit, and their records stay unattributed.
+        let attribution = (!context.subject.user.is_empty()).then(|| {
+            let resolved = assignment.as_ref().zip(salt).map(|(a, salt)| Resolved {
+                experiment: &a.experiment,
+                salt,
+                variant: &a.variant,
+            });
+            Attribution::new(
+                &context.ring,
+                &release.pointer.digest,
+                resolved,
+                &context.subject.user,
+            )
+        });
+        let desired = self.desired_files(
+            release,
+            &toggles,
+            attribution.as_ref(),
+            &mut status.warnings,
+        );
         let targets = Targets::new(&self.root, adapters::managed_locations(self.os));
         let changed = self.state.digest.as_deref() != Some(release.pointer.digest.as_str());
         let report = install::apply_with(
@@ -662,15 +693,17 @@ impl Agent {
     }
 
     /// This OS's files of `release`, with the active toggles' fragments merged into each
-    /// harness's settings file. A merged file passes CheckRendered again; a fragment that
-    /// does not merge or fails it is left out and reported.
+    /// harness's settings file, then the device's telemetry attribution and the CLI
+    /// receiver token ([`telemetry::attribute`]). A merged file passes CheckRendered
+    /// again; a fragment that does not merge or fails it is left out and reported.
     fn desired_files(
         &self,
         release: &VerifiedRelease,
         toggles: &[&Toggle],
+        attribution: Option<&Attribution>,
         warnings: &mut Vec<String>,
     ) -> Vec<DesiredFile> {
-        let mut out = Vec::new();
+        let mut files = Vec::new();
         for entry in release.manifest.files.iter().filter(|f| f.os == self.os) {
             let Some(blob) = release.blobs.get(&entry.sha256) else {
                 warnings.push(format!("{}: the release carries no content", entry.path));
@@ -704,13 +737,29 @@ impl Agent {
                     }
                 }
             }
-            out.push(DesiredFile {
+            files.push(RenderedFile {
+                harness: entry.harness,
+                os: self.os,
                 path: entry.path.clone(),
                 mode: entry.mode,
                 content,
             });
         }
-        out
+        if let Some(attribution) = attribution {
+            warnings.extend(telemetry::attribute(
+                &mut files,
+                attribution,
+                self.telemetry_token.as_deref(),
+            ));
+        }
+        files
+            .into_iter()
+            .map(|f| DesiredFile {
+                path: f.path,
+                mode: f.mode,
+                content: f.content,
+            })
+            .collect()
     }
 
     /// Step 10: save state, keep the status, report it.
@@ -768,7 +817,7 @@ impl Agent {
                     status.kill = self.kill_status();
                     status.ring = Some(cached.context.ring.clone());
                     status.ring_source = Some(cached.context.source.to_string());
-                    self.apply_release(&mut status, &cached.ring, &cached.context, None);
+                    self.apply_release(&mut status, &cached.ring, &cached.context, None, None);
                     Some(self.finish(status).await)
                 }
                 // No verified ring release in memory (a restart): a full cycle skips the

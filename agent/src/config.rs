@@ -42,6 +42,11 @@ pub struct Config {
     /// File holding the device token (from `POST /api/v1/enroll`).
     #[serde(default)]
     pub device_token_file: Option<PathBuf>,
+    /// File holding halo-server's CLI receiver token (its `--otlp-cli-token-file`),
+    /// provisioned with the device at enrolment: halod writes it into the OTLP headers of
+    /// the harnesses whose telemetry is on. Never part of a release.
+    #[serde(default)]
+    pub telemetry_token_file: Option<PathBuf>,
     /// Release public keys (PEM files); any one that is not revoked may sign.
     pub pubkeys: Vec<PathBuf>,
     /// Revoked release keys, as key ids (sha256 hex of the raw public key, printed by

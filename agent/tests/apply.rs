@@ -34,6 +34,7 @@ const EXPERIMENT: &str = "claude-opus-default";
 const CLAUDE: &str = "/etc/claude-code/managed-settings.json";
 const CODEX: &str = "/etc/codex/managed_config.toml";
 const GEMINI: &str = "/etc/gemini-cli/settings.json";
+const GEMINI_PROFILE: &str = "/etc/profile.d/halos-gemini-cli.sh";
 
 fn acme() -> Org {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/acme-corp");
@@ -487,7 +488,14 @@ async fn a_killed_experiment_reverts_within_one_kill_poll_and_comes_back_when_un
     let mut w = World::new().await;
     let user = user_in("opus-default");
     let build = w.publish(&acme(), "1.0.0").await;
-    let mut agent = w.agent(&user, "").await;
+    let cli_token = w.path("cli.token");
+    std::fs::write(&cli_token, "cli-receiver-token-7f3\n").unwrap();
+    let mut agent = w
+        .agent(
+            &user,
+            &format!("telemetryTokenFile: {}\n", cli_token.display()),
+        )
+        .await;
     let first = agent.cycle().await;
     assert_eq!(first.outcome, Outcome::Applied, "{}", first.line());
     let a = first.assignment.clone().unwrap();
@@ -495,7 +503,38 @@ async fn a_killed_experiment_reverts_within_one_kill_poll_and_comes_back_when_un
         (a.experiment.as_str(), a.variant.as_str()),
         (EXPERIMENT, "opus-default")
     );
+    let ring = first.ring.clone().unwrap();
     let on_variant = w.read(CLAUDE).unwrap();
+    // The harnesses' telemetry names this device's ring, release, variant and unit (the
+    // gateway's unit function, the experiment's salt), never the user; the CLI
+    // receiver's token is in the OTLP headers of Claude Code and Codex.
+    let salt = acme().experiments[EXPERIMENT].salt.clone();
+    let unit =
+        halo_policy::assign::unit(&halo_policy::assign::unit_salt(Some(&salt), &ring), &user);
+    let env = |text: &str, key: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v["env"][key].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(
+        env(&on_variant, "OTEL_RESOURCE_ATTRIBUTES"),
+        format!(
+            "halo.ring={ring},halo.release={},halo.experiment={EXPERIMENT},halo.variant=opus-default,halo.unit={unit}",
+            first.digest.as_deref().unwrap()
+        )
+    );
+    assert_eq!(
+        env(&on_variant, "OTEL_EXPORTER_OTLP_HEADERS"),
+        "Authorization=Bearer cli-receiver-token-7f3"
+    );
+    assert!(!on_variant.contains(&user));
+    assert!(
+        w.read(CODEX)
+            .unwrap()
+            .contains("authorization = \"Bearer cli-receiver-token-7f3\"")
+    );
+    let profile = w.read(GEMINI_PROFILE).unwrap();
+    assert!(profile.contains(&format!("halo.unit={unit}")), "{profile}");
+    assert!(!profile.contains("cli-receiver-token"));
     assert!(on_variant.contains("opus"), "{on_variant}");
     // Toggles: deep-reasoning is on for the canary ring.
     assert!(first.toggles.contains(&"deep-reasoning".to_string()));
@@ -511,6 +550,15 @@ async fn a_killed_experiment_reverts_within_one_kill_poll_and_comes_back_when_un
     let reverted = w.read(CLAUDE).unwrap();
     assert_ne!(reverted, on_variant);
     assert!(reverted.contains("\"model\": \"sonnet\""), "{reverted}");
+    // Off the experiment, the records count for the ring (the ring-salted unit).
+    let ring_unit = halo_policy::assign::unit(&halo_policy::assign::unit_salt(None, &ring), &user);
+    assert_eq!(
+        env(&reverted, "OTEL_RESOURCE_ATTRIBUTES"),
+        format!(
+            "halo.ring={ring},halo.release={},halo.unit={ring_unit}",
+            build.ring.digest
+        )
+    );
     assert_eq!(w.read(GEMINI).unwrap(), ring_file(&build, GEMINI));
     // A full cycle while killed keeps the device on the ring release.
     let again = agent.cycle().await;
@@ -742,6 +790,13 @@ async fn halod_once_binary_applies_acme_corp_under_the_root_prefix() {
                 "deep-reasoning merged into {}",
                 entry.path
             );
+        } else if entry.path == GEMINI_PROFILE {
+            // The device's telemetry attribution, exported after the released script.
+            let added = on_disk
+                .strip_prefix(released.as_str())
+                .unwrap_or_else(|| panic!("the released script, then: {on_disk}"));
+            assert!(added.contains("halo.unit="), "{added}");
+            assert!(!added.contains(&user));
         } else {
             assert_eq!(on_disk, released, "{}", entry.path);
         }

@@ -14,6 +14,7 @@ use halo_policy::{Gateway, Harness, Profile};
 pub mod claude_code;
 pub mod codex;
 pub mod gemini_cli;
+pub mod telemetry;
 
 /// An operating system a release renders for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
