@@ -61,6 +61,15 @@ impl Received {
         let body: Value = serde_json::from_slice(&self.body).ok()?;
         body["model"].as_str().map(str::to_string)
     }
+
+    /// The usage this provider reported for this model call: (input, output) tokens,
+    /// every wire alike (the request's words, the answer's words).
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        let body: Value = serde_json::from_slice(&self.body).ok()?;
+        let model = self.model()?;
+        let output = answer_text(&model).split_whitespace().count();
+        Some((words(&body) as u64, output as u64))
+    }
 }
 
 /// The AWS key pair (and region) Bedrock calls must be signed with.
@@ -313,11 +322,15 @@ fn not_found() -> Response {
 /// The answer text, naming the model the request reached this provider as.
 fn answer(shared: &Shared, model: &str) -> (u64, String) {
     let n = shared.calls.fetch_add(1, Ordering::Relaxed) + 1;
-    let text = format!(
+    (n, answer_text(model))
+}
+
+/// The text every answer carries.
+fn answer_text(model: &str) -> String {
+    format!(
         "Hello from the Halos demo provider. The gateway sent this request as model \
          \"{model}\"; no real model was called."
-    );
-    (n, text)
+    )
 }
 
 /// Whitespace-separated words of every text in the request (a stand-in for tokens):

@@ -7,7 +7,11 @@
 //! Each run checks: exit 0, the answer printed, the provider saw the policy's model id
 //! for the alias, no credential of the developer reached it (only the gateway's own
 //! key), and the harness's own OpenTelemetry export, pointed by the profile's telemetry
-//! at halo-server's CLI receiver, arrived there with no exporter error. The developer's token comes from the release's helper command,
+//! at halo-server's CLI receiver, arrived there with no exporter error, and each model
+//! call became one `cli` evidence record with the device's experiment, variant, unit and
+//! the provider's tokens: the release's files get the device's telemetry attribution (and
+//! the CLI receiver's token) as halod adds them (`halo_release::adapters::telemetry`).
+//! The developer's token comes from the release's helper command,
 //! `halo auth token --audience api://halos`: a stand-in `halo` script on PATH prints a
 //! token of the test issuer (the real command is engineer `auth`'s work in progress).
 
@@ -32,6 +36,13 @@ const USER: &str = "dev@acme.test";
 const ANSWER: &str = "Hello from the Halos demo provider.";
 /// One harness run may take this long (a cold start of Gemini CLI is ~10 s here).
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+/// The client-axis experiment the device resolved (halod reads it from the ring
+/// release's manifest; given here as it would be).
+const EXPERIMENT: &str = "harness-effort";
+const EXPERIMENT_SALT: &str = "harness-effort-salt";
+const VARIANT: &str = "treatment";
+/// The CLI receiver's optional token, when a test turns it on.
+const CLI_TOKEN: &str = "3f9c2e7a1b8d4c6e0a5f7b2d9e1c4a8b6d0f3e7c";
 
 /// Alias -> the policy's model id for it.
 const MODELS: [(&str, &str); 6] = [
@@ -122,29 +133,44 @@ struct Fixture {
     receivers: halo_server::evidence::Receivers,
     provider: WireProvider,
     issuer: Issuer,
-    /// The ring's release: (path, content) of every linux file.
+    /// The ring's release as halod writes it on this device: (path, content) of every
+    /// linux file, with the device's telemetry attribution.
     release: Vec<(String, Vec<u8>)>,
+    /// What the harnesses' records must name.
+    attribution: halo_release::adapters::telemetry::Attribution,
     /// Holds the `halo` stand-in and the tokens it prints.
     bin: tempfile::TempDir,
     _policy: tempfile::TempDir,
 }
 
 /// The gateway, the provider, the issuer and the ring's release; halo-server's CLI
-/// evidence receiver runs and the profile's telemetry points the harnesses' own
-/// OpenTelemetry export at it.
+/// evidence receiver runs (without a token) and the profile's telemetry points the
+/// harnesses' own OpenTelemetry export at it.
 async fn fixture() -> Fixture {
+    fixture_with(None).await
+}
+
+/// [`fixture`], the CLI receiver requiring `cli_token` when given (halod writes it into
+/// the harnesses' OTLP headers).
+async fn fixture_with(cli_token: Option<&str>) -> Fixture {
     let issuer = Issuer::start().await;
     let provider = WireProvider::start(true).await.expect("the provider");
     let policy = tempfile::tempdir().expect("policy dir");
     write_policy(policy.path(), &issuer.url, &provider.url());
     let mut org = halo_policy::load::load_dir(policy.path()).expect("the test policy loads");
     let receivers = {
-        let settings = halo_server::evidence::EvidenceSettings {
-            cli_listen: Some("127.0.0.1:0".parse().expect("addr")),
-            ..Default::default()
-        };
         let data = policy.path().join("data");
         std::fs::create_dir(&data).expect("the data dir");
+        let cli_token_file = cli_token.map(|t| {
+            let path = policy.path().join("cli.token");
+            std::fs::write(&path, t).expect("the CLI token file");
+            path
+        });
+        let settings = halo_server::evidence::EvidenceSettings {
+            cli_listen: Some("127.0.0.1:0".parse().expect("addr")),
+            cli_token_file,
+            ..Default::default()
+        };
         let receivers = halo_server::evidence::start(&settings, Some(&data))
             .await
             .expect("receivers")
@@ -195,13 +221,34 @@ async fn fixture() -> Fixture {
     org.gateway.base_url = gw.base.clone();
     let build = halo_release::build::build_ring(&org, "general").expect("the release builds");
     let ring = &build.ring;
-    let release = ring
+    let mut files: Vec<_> = ring
         .manifest
         .files
         .iter()
         .filter(|f| f.os == Os::Linux)
-        .map(|f| (f.path.clone(), ring.blobs[&f.sha256].clone()))
+        .map(|f| halo_release::adapters::RenderedFile {
+            harness: f.harness,
+            os: f.os,
+            path: f.path.clone(),
+            mode: f.mode,
+            content: ring.blobs[&f.sha256].clone(),
+        })
         .collect();
+    // What halod adds on the device after verifying the release.
+    use halo_release::adapters::telemetry::{self, Attribution, Resolved};
+    let attribution = Attribution::new(
+        "general",
+        &ring.digest,
+        Some(Resolved {
+            experiment: EXPERIMENT,
+            salt: EXPERIMENT_SALT,
+            variant: VARIANT,
+        }),
+        USER,
+    );
+    let warnings = telemetry::attribute(&mut files, &attribution, cli_token);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let release = files.into_iter().map(|f| (f.path, f.content)).collect();
     let bin = tempfile::tempdir().expect("bin dir");
     Fixture {
         _gw: gw,
@@ -209,6 +256,7 @@ async fn fixture() -> Fixture {
         provider,
         issuer,
         release,
+        attribution,
         bin,
         _policy: policy,
     }
@@ -242,6 +290,82 @@ impl Fixture {
         eprintln!(
             "{harness} telemetry at the CLI receiver:\n{}",
             metrics.render()
+        );
+    }
+
+    /// Every model call the provider answered in this fixture became one `cli` evidence
+    /// record at the store, and each of the `failed` calls the harness saw fail one
+    /// more: the samples query for the device's experiment gives its variant and unit
+    /// (the gateway's unit for this user), the provider's tokens and the error rate.
+    /// Bounded wait: exporters batch.
+    async fn assert_cli_evidence(&self, harness: &str, failed: u64) {
+        use halo_evidence::{Metric, SampleQuery, Source};
+        let calls = self.calls();
+        let tokens: u64 = calls
+            .iter()
+            .map(|c| c.usage().map_or(0, |(i, o)| i + o))
+            .sum();
+        assert!(tokens > 0, "{harness}: the provider reported no usage");
+        let unit = halo_policy::assign::unit(
+            &halo_policy::assign::unit_salt(Some(EXPERIMENT_SALT), "general"),
+            USER,
+        );
+        assert_eq!(self.attribution.unit, unit);
+        let query = |metric| SampleQuery {
+            experiment: EXPERIMENT.into(),
+            metric,
+            since_unix_ms: 0,
+            until_unix_ms: i64::MAX,
+        };
+        let store = std::sync::Arc::clone(&self.receivers.evidence.store);
+        let samples = |metric| {
+            let store = std::sync::Arc::clone(&store);
+            let q = query(metric);
+            async move {
+                tokio::task::spawn_blocking(move || store.samples(&q))
+                    .await
+                    .expect("the samples query")
+                    .expect("the store answers")
+            }
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = samples(Metric::Tokens).await;
+            if got.len() == 1 && got[0].value == tokens as f64 {
+                let s = &got[0];
+                assert_eq!(
+                    (s.variant.as_str(), s.unit.as_str(), s.source),
+                    (VARIANT, unit.as_str(), Source::Cli),
+                    "{harness}"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{harness}: the tokens samples are {got:?}, not one {VARIANT} sample of {tokens} \
+                 tokens for the unit ({} model calls); {}",
+                calls.len(),
+                self.receivers.evidence.metrics.render()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let stored = self.receivers.evidence.metrics.get("stored", Source::Cli);
+        let total = calls.len() as u64 + failed;
+        assert_eq!(
+            stored,
+            total,
+            "{harness}: one record per model call ({} answered, {failed} failed)",
+            calls.len()
+        );
+        let errors = samples(Metric::ErrorRate).await;
+        assert_eq!(errors.len(), 1, "{harness}: {errors:?}");
+        assert_eq!(
+            errors[0].value,
+            failed as f64 / total as f64,
+            "{harness}: the error rate"
+        );
+        eprintln!(
+            "{harness}: {stored} cli records, {tokens} tokens, for the unit's {VARIANT} sample"
         );
     }
 
@@ -363,10 +487,12 @@ fn assert_answered(out: &Output, model: &str) {
 /// Code run the helper again and retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_through_the_gateway_for_every_family() {
-    let f = fixture().await;
+    let f = fixture_with(Some(CLI_TOKEN)).await;
     let cc = harness::pinned_for("claude-code");
     let mut expired = f.issuer.claims(USER, &[]);
-    expired["exp"] = serde_json::json!(halo_e2e::now_unix() - 60);
+    // Well past Envoy's jwt_authn clock skew (60 s by default): a token 60 s old was
+    // still accepted when Claude Code called within the second, and no 401 came.
+    expired["exp"] = serde_json::json!(halo_e2e::now_unix() - 600);
     let expired = f.issuer.mint(&expired);
     let fresh = f.token();
     let tokens = [expired.clone(), fresh.clone()];
@@ -414,23 +540,30 @@ async fn claude_code_through_the_gateway_for_every_family() {
     f.assert_no_developer_credential(&tokens, "x-api-key", ANTHROPIC_KEY);
     f.assert_telemetry_arrived("Claude Code", &last, "OTLPExporterError")
         .await;
+    // The expired token's 401, retried after the helper ran again, is not reported as
+    // an api_error by Claude Code: four calls, four records, no error.
+    f.assert_cli_evidence("Claude Code", 0).await;
 }
 
 /// Codex: /etc/codex/managed_config.toml (the halos provider, wire responses, the
 /// helper as the provider's auth command).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Codex takes its resource attributes from its environment only: it runs from a login
+/// shell that sourced the release's profile script, which exports the device's
+/// attribution (halod adds it there); the CLI receiver's token is in its config.
 async fn codex_through_the_gateway() {
-    let f = fixture().await;
+    let f = fixture_with(Some(CLI_TOKEN)).await;
     let codex = harness::pinned_for("codex");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
+    let profile = halo_release::adapters::gemini_cli::profile_path(Os::Linux)
+        .expect("a profile script on linux");
+    let line = format!(
+        ". {profile} && exec {} exec --skip-git-repo-check 'Say hello'",
+        codex.command
+    );
     let out = f
-        .run(
-            &codex,
-            codex.binary(),
-            &["exec", "--skip-git-repo-check", "Say hello"],
-            path,
-        )
+        .run(&codex, PathBuf::from("sh"), &["-c", &line], path)
         .await;
     assert_answered(&out, model_id("gpt"));
     let calls = f.calls();
@@ -445,6 +578,7 @@ async fn codex_through_the_gateway() {
     f.assert_no_developer_credential(&tokens, "authorization", OPENAI_KEY);
     f.assert_telemetry_arrived("Codex", &out, "OpenTelemetry")
         .await;
+    f.assert_cli_evidence("Codex", 0).await;
 }
 
 /// Gemini CLI: /etc/gemini-cli/settings.json (the model, API-key auth) and the login
@@ -478,4 +612,5 @@ async fn gemini_cli_through_the_gateway() {
     f.assert_no_developer_credential(&tokens, "x-goog-api-key", GEMINI_KEY);
     f.assert_telemetry_arrived("Gemini CLI", &out, "OTLPExporterError")
         .await;
+    f.assert_cli_evidence("Gemini CLI", 0).await;
 }
