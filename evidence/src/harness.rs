@@ -10,7 +10,9 @@
 //! Claude Code copies resource attributes onto every log record, Codex and Gemini CLI
 //! keep them on the resource, so the record's own attribute is read first, then the
 //! resource's. Every other event of a harness (prompts, tool calls, configuration) is
-//! ignored even when it carries the attribution: only a model call is a sample.
+//! ignored even when it carries the attribution: only a model call is a sample. A
+//! harness's event is evidence at the CLI receiver only ([`crate::otlp::records`] with
+//! `Source::Cli`): another receiver's source would vouch for it.
 //!
 //! | harness | event | record |
 //! |---|---|---|

@@ -6,7 +6,8 @@
 //! record is evidence when it carries `halo.unit`; any other record is counted as
 //! ignored, not refused. A harness's own event (its name in a harness's namespace:
 //! `claude_code.`, `codex.`, `gemini_cli.`) is read by that harness's mapping table
-//! instead ([`crate::harness`]), with the attribution from its resource. Attribute names are OpenTelemetry's
+//! instead ([`crate::harness`]), with the attribution from its resource, and only at the
+//! CLI receiver (elsewhere it is ignored). Attribute names are OpenTelemetry's
 //! GenAI semantic conventions where one exists, `halo.*` otherwise:
 //!
 //! | attribute | record field |
@@ -72,7 +73,9 @@ pub fn records(
         for scope in &resource.scope_logs {
             for log in &scope.log_records {
                 let converted = match harness::classify(log) {
-                    Some((h, name)) => harness::record(
+                    // A harness's own event is evidence at the CLI receiver only: at the
+                    // gateway's it would vouch as the gateway (and could trip a kill).
+                    Some((h, name)) if source == Source::Cli => harness::record(
                         h,
                         name,
                         log,
@@ -80,6 +83,7 @@ pub fn records(
                         index,
                         time_unix_ms(log, now_unix_ms),
                     )?,
+                    Some(_) => None,
                     None => record(log, index, now_unix_ms)?,
                 };
                 match converted {

@@ -258,6 +258,15 @@ fn error_events_are_failed_calls_with_their_status() {
 }
 
 #[test]
+fn harness_events_are_evidence_at_the_cli_receiver_only() {
+    for source in [Source::Gateway, Source::Eval, Source::Shadow] {
+        let req = captured("claude-code");
+        let (got, ignored) = records(&req, source, 0).unwrap();
+        assert_eq!((got.len(), ignored), (0, 2), "{source}");
+    }
+}
+
+#[test]
 fn a_raw_user_as_unit_refuses_the_batch() {
     let mut req = captured("codex");
     for kv in &mut req.resource_logs[0].resource.as_mut().unwrap().attributes {
