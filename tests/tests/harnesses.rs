@@ -295,10 +295,11 @@ impl Fixture {
 
     /// Every model call the provider answered in this fixture became one `cli` evidence
     /// record at the store, and each of the `failed` calls the harness saw fail one
-    /// more: the samples query for the device's experiment gives its variant and unit
-    /// (the gateway's unit for this user), the provider's tokens and the error rate.
+    /// more (`errors` of them an error for the error rate: no answer, 429 or 5xx): the
+    /// samples query for the device's experiment gives its variant and unit (the
+    /// gateway's unit for this user), the provider's tokens and the error rate.
     /// Bounded wait: exporters batch.
-    async fn assert_cli_evidence(&self, harness: &str, failed: u64) {
+    async fn assert_cli_evidence(&self, harness: &str, failed: u64, errors: u64) {
         use halo_evidence::{Metric, SampleQuery, Source};
         let calls = self.calls();
         let tokens: u64 = calls
@@ -328,10 +329,15 @@ impl Fixture {
                     .expect("the store answers")
             }
         };
+        let total = calls.len() as u64 + failed;
+        let metrics = &self.receivers.evidence.metrics;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             let got = samples(Metric::Tokens).await;
-            if got.len() == 1 && got[0].value == tokens as f64 {
+            if got.len() == 1
+                && got[0].value == tokens as f64
+                && metrics.get("stored", Source::Cli) >= total
+            {
                 let s = &got[0];
                 assert_eq!(
                     (s.variant.as_str(), s.unit.as_str(), s.source),
@@ -349,19 +355,18 @@ impl Fixture {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let stored = self.receivers.evidence.metrics.get("stored", Source::Cli);
-        let total = calls.len() as u64 + failed;
+        let stored = metrics.get("stored", Source::Cli);
         assert_eq!(
             stored,
             total,
             "{harness}: one record per model call ({} answered, {failed} failed)",
             calls.len()
         );
-        let errors = samples(Metric::ErrorRate).await;
-        assert_eq!(errors.len(), 1, "{harness}: {errors:?}");
+        let rate = samples(Metric::ErrorRate).await;
+        assert_eq!(rate.len(), 1, "{harness}: {rate:?}");
         assert_eq!(
-            errors[0].value,
-            failed as f64 / total as f64,
+            rate[0].value,
+            errors as f64 / total as f64,
             "{harness}: the error rate"
         );
         eprintln!(
@@ -541,8 +546,9 @@ async fn claude_code_through_the_gateway_for_every_family() {
     f.assert_telemetry_arrived("Claude Code", &last, "OTLPExporterError")
         .await;
     // The expired token's 401, retried after the helper ran again, is not reported as
-    // an api_error by Claude Code: four calls, four records, no error.
-    f.assert_cli_evidence("Claude Code", 0).await;
+    // an api_error by Claude Code: four calls, four records, no error. (A model outside
+    // the profile's `availableModels` never leaves Claude Code: it falls back to one.)
+    f.assert_cli_evidence("Claude Code", 0, 0).await;
 }
 
 /// Codex: /etc/codex/managed_config.toml (the halos provider, wire responses, the
@@ -578,7 +584,9 @@ async fn codex_through_the_gateway() {
     f.assert_no_developer_credential(&tokens, "authorization", OPENAI_KEY);
     f.assert_telemetry_arrived("Codex", &out, "OpenTelemetry")
         .await;
-    f.assert_cli_evidence("Codex", 0).await;
+    // (A refused call, `-m nope`'s 400, exports nothing: Codex exec exits on the error
+    // without flushing its telemetry, seen with 0.171.0.)
+    f.assert_cli_evidence("Codex", 0, 0).await;
 }
 
 /// Gemini CLI: /etc/gemini-cli/settings.json (the model, API-key auth) and the login
@@ -612,5 +620,24 @@ async fn gemini_cli_through_the_gateway() {
     f.assert_no_developer_credential(&tokens, "x-goog-api-key", GEMINI_KEY);
     f.assert_telemetry_arrived("Gemini CLI", &out, "OTLPExporterError")
         .await;
-    f.assert_cli_evidence("Gemini CLI", 0).await;
+    // A model the policy does not have: the gateway's 400, which Gemini CLI reports as
+    // a failed call (its api_error), never reaching the provider.
+    let before = f.calls().len();
+    let line = format!(
+        ". {profile} && exec {} -m nope -p 'Say hello'",
+        gemini.command
+    );
+    let (path, _) = f.halo_stand_in(&tokens);
+    let refused = f
+        .run(&gemini, PathBuf::from("sh"), &["-c", &line], path)
+        .await;
+    assert_ne!(refused.code, Some(0), "{}", refused.describe());
+    assert_eq!(
+        f.calls().len(),
+        before,
+        "the refused call reached the provider"
+    );
+    // One answered call and one failed (status 400: the caller's, not the arm's error,
+    // so the error rate stays 0).
+    f.assert_cli_evidence("Gemini CLI", 1, 0).await;
 }
