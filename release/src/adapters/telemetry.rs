@@ -25,7 +25,8 @@
 //! - Codex: its `[otel.exporter.otlp-http]` takes `headers` (the token); its resource
 //!   attributes come only from its environment (`OTEL_RESOURCE_ATTRIBUTES`; no config
 //!   key), which a managed file cannot set, so Codex records carry the attribution only
-//!   when its shell has it (Gemini CLI's profile script does, when rendered).
+//!   when its shell has it (Gemini CLI's profile script does, when rendered; without it
+//!   halod's status warns).
 //!
 //! Only a harness whose rendered settings enable telemetry is touched.
 
@@ -141,7 +142,17 @@ pub fn attribute(
                 .and_then(|v| v.pointer("/telemetry/enabled").and_then(|e| e.as_bool()))
                 == Some(true)
     });
+    let mut exported = false;
+    let mut codex_telemetry = false;
     for file in files.iter_mut() {
+        if file.harness == Harness::Codex
+            && codex::managed_path(file.os) == Some(file.path.as_str())
+        {
+            codex_telemetry = std::str::from_utf8(&file.content)
+                .ok()
+                .and_then(|t| toml::from_str::<toml::Table>(t).ok())
+                .is_some_and(|t| t.contains_key("otel"));
+        }
         let changed = match file.harness {
             Harness::ClaudeCode
                 if settings_file(file.harness, file.os) == Some(file.path.clone()) =>
@@ -175,12 +186,21 @@ pub fn attribute(
             ..file.clone()
         };
         match check_rendered(&candidate) {
-            Ok(()) => *file = candidate,
+            Ok(()) => {
+                exported |= file.harness == Harness::GeminiCli;
+                *file = candidate;
+            }
             Err(e) => warnings.push(format!(
                 "telemetry attribution not added to {}: {e}",
                 file.path
             )),
         }
+    }
+    if codex_telemetry && !exported {
+        warnings.push(
+            "Codex's telemetry carries no Halos attribution: Codex reads OTEL_RESOURCE_ATTRIBUTES from its environment only, and no login-shell script of this release exports it (Gemini CLI's, with its telemetry on, does)"
+                .to_string(),
+        );
     }
     warnings
 }
@@ -379,6 +399,18 @@ mod tests {
         let before = off.clone();
         attribute(&mut off, &a, Some("cli-token-1234"));
         assert_eq!(off, before);
+    }
+
+    #[test]
+    fn codex_without_an_exported_attribution_is_a_warning() {
+        let mut files = vec![file(
+            Harness::Codex,
+            "/etc/codex/managed_config.toml",
+            "[otel]\nlog_user_prompt = false\n",
+        )];
+        let warnings = attribute(&mut files, &attribution(), None);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("OTEL_RESOURCE_ATTRIBUTES"));
     }
 
     #[test]
