@@ -116,6 +116,11 @@ impl BudgetMetrics {
             .unwrap_or(0)
     }
 
+    /// Tokens added to budget counts since start.
+    pub fn spent_tokens(&self) -> u64 {
+        self.spent_tokens.load(Ordering::Relaxed)
+    }
+
     pub fn render(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::from(
@@ -583,7 +588,7 @@ fn over_limit(
     retry_after_s: i64,
     budget: Option<&str>,
 ) -> RateLimitResponse {
-    let (body, extra) = budgets::spent_reply(wire, message);
+    let (body, extra) = budgets::spent_reply(wire, message, retry_after_s);
     let mut headers = vec![
         header("content-type", "application/json"),
         header("retry-after", &retry_after_s.to_string()),

@@ -152,15 +152,7 @@ async fn budgets_are_one_count_across_envoys_refused_in_the_wire_shape_and_reset
             .expect("the budget service")
             .budgets,
     );
-    let spent = || {
-        service
-            .metrics
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix("halo_server_budget_spend_total{unit=\"tokens\"} "))
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let spent = || service.metrics.spent_tokens();
     assert_eq!(spent(), 0, "alice's calls are not budgeted");
 
     // Dave's calls alternate between the Envoys; each one's spend lands before the next.

@@ -216,14 +216,21 @@ pub fn spent_message(name: &str, budget: &Budget, period: &Period) -> String {
     )
 }
 
-/// The 429 a caller on `wire` gets once a budget is spent: the body in that wire's own
-/// error shape and the headers besides `content-type` and `retry-after`. Anthropic's
-/// `rate_limit_error`; OpenAI's `insufficient_quota`, which its clients treat as final
-/// rather than retrying; Google's `RESOURCE_EXHAUSTED`; Bedrock's `ThrottlingException`
-/// (the AWS SDK reads the type from `x-amzn-errortype`).
+/// The 429 a caller on `wire` gets once a budget is spent, `retry_after_s` before it can
+/// pass again: the body in that wire's own error shape and the headers besides
+/// `content-type` and `retry-after`. Each shape is the one its harness stops on (checked
+/// live with the real harnesses, tests/tests/harnesses.rs): Anthropic's
+/// `rate_limit_error` (Claude Code prints the message and exits); OpenAI's
+/// `insufficient_quota`, which Codex treats as final (`rate_limit_exceeded` makes it
+/// sleep the Retry-After, hours, before each of its retries); Google's
+/// `RESOURCE_EXHAUSTED` with a `RetryInfo` detail, which Gemini CLI treats as final when
+/// the delay is over 5 minutes and prints with the message (without it, it retries with
+/// backoff for minutes); Bedrock's `ThrottlingException` (the AWS SDK reads the type from
+/// `x-amzn-errortype`).
 pub fn spent_reply(
     wire: WireProtocol,
     message: &str,
+    retry_after_s: i64,
 ) -> (Vec<u8>, Vec<(&'static str, &'static str)>) {
     let (body, extra) = match wire {
         WireProtocol::AnthropicMessages => (
@@ -236,7 +243,9 @@ pub fn spent_reply(
             vec![],
         ),
         WireProtocol::Gemini => (
-            serde_json::json!({"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED"}}),
+            serde_json::json!({"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED",
+                "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo",
+                             "retryDelay": format!("{}s", retry_after_s.max(0))}]}}),
             vec![],
         ),
         WireProtocol::BedrockInvoke => (
@@ -497,7 +506,7 @@ mod tests {
             "halo budget eng-daily (USD 50 per day, Europe/Berlin) is spent; it resets at 2026-12-03T00:00:00+01:00"
         );
         let json = |w| {
-            let (body, _) = spent_reply(w, &msg);
+            let (body, _) = spent_reply(w, &msg, 3600);
             serde_json::from_slice::<serde_json::Value>(&body).expect("json")
         };
         let a = json(WireProtocol::AnthropicMessages);
@@ -510,7 +519,12 @@ mod tests {
         let g = json(WireProtocol::Gemini);
         assert_eq!(g["error"]["status"], "RESOURCE_EXHAUSTED");
         assert_eq!(g["error"]["code"], 429);
-        let (_, extra) = spent_reply(WireProtocol::BedrockInvoke, &msg);
+        assert_eq!(
+            g["error"]["details"][0]["@type"],
+            "type.googleapis.com/google.rpc.RetryInfo"
+        );
+        assert_eq!(g["error"]["details"][0]["retryDelay"], "3600s");
+        let (_, extra) = spent_reply(WireProtocol::BedrockInvoke, &msg, 3600);
         assert_eq!(extra, [("x-amzn-errortype", "ThrottlingException")]);
     }
 }

@@ -639,6 +639,9 @@ pub struct GatewayOptions {
     /// The mirror service shadow jobs go to (the gateway settings' `shadowUrl`; the token
     /// and maxBytes are `settings.shadow`'s).
     pub shadow_url: Option<String>,
+    /// The budget service Envoy's ratelimit filter asks (the gateway settings' `budgets`:
+    /// halo-server's `--budget-listen` and its token).
+    pub budgets: Option<halo_envoy_config::evidence::Export>,
 }
 
 impl Default for GatewayOptions {
@@ -658,6 +661,7 @@ impl Default for GatewayOptions {
             default_upstream: None,
             breaker: halo_envoy_config::plan::Breaker::default(),
             shadow_url: None,
+            budgets: None,
         }
     }
 }
@@ -701,6 +705,7 @@ impl Gateway {
                 ),
                 breaker: opts.breaker,
                 shadow_url: opts.shadow_url,
+                budgets: opts.budgets,
                 ..halo_envoy_config::plan::GatewaySettings::default()
             }
             .with_filter_settings(opts.settings)

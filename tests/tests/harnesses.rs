@@ -73,7 +73,7 @@ fn upstream_of(alias: &str) -> &'static str {
 
 /// The test policy as a policy directory: one ring, one profile pinning the installed
 /// harnesses, every Claude Code family an alias.
-fn write_policy(dir: &Path, issuer: &str, provider: &str) {
+fn write_policy(dir: &Path, issuer: &str, provider: &str, gateway_extra: &str) {
     let cc = harness::pinned_for("claude-code");
     let codex = harness::pinned_for("codex");
     let gemini = harness::pinned_for("gemini-cli");
@@ -106,7 +106,7 @@ fn write_policy(dir: &Path, issuer: &str, provider: &str) {
         (
             "gateway.yaml",
             format!(
-                "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience {AUDIENCE}\nupstreams:\n  anthropic:\n    url: {provider}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  openai:\n    url: {provider}\n    kind: openai\n    credential:\n      env: HALO_TEST_OPENAI_KEY\n  gemini:\n    url: {provider}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\nmodels:\n{models}prices:\n{prices}"
+                "apiVersion: halos.dev/v1\nkind: Gateway\nbaseURL: https://gateway.invalid\nauth:\n  helperCommand: halo auth token --audience {AUDIENCE}\nupstreams:\n  anthropic:\n    url: {provider}\n    kind: anthropic\n    credential:\n      env: HALO_TEST_ANTHROPIC_KEY\n  openai:\n    url: {provider}\n    kind: openai\n    credential:\n      env: HALO_TEST_OPENAI_KEY\n  gemini:\n    url: {provider}\n    kind: gemini\n    credential:\n      env: HALO_TEST_GEMINI_KEY\nmodels:\n{models}prices:\n{prices}{gateway_extra}"
             ),
         ),
         (
@@ -126,9 +126,16 @@ fn write_policy(dir: &Path, issuer: &str, provider: &str) {
     }
 }
 
+/// The developer's daily budget in the budget fixture: one token, so one call spends it.
+const BUDGET: &str = "dev-daily";
+const BUDGET_YAML: &str = "budgets:\n  dev-daily:\n    appliesTo: {users: [dev@acme.test]}\n    period: day\n    limit: {tokens: 1}\n# The loaded test machine: a check slower than the default 200 ms would fail open.\nbudgetService: {timeoutMs: 2000}\n";
+const BUDGET_TOKEN: &str = "6b1f0c9e2a7d4358be41f07c93a2d58e16c4b7a09f3e25d8c71a4f60b9e2d317";
+
 struct Fixture {
     /// Envoy, kept running for the fixture's life.
-    _gw: Gateway,
+    gw: Gateway,
+    /// halo-server's budget service, in [`fixture_with_budget`].
+    budget: Option<halo_server::budget::BudgetServer>,
     /// halo-server's CLI evidence receiver, which the profile's telemetry points at.
     receivers: halo_server::evidence::Receivers,
     provider: WireProvider,
@@ -147,16 +154,23 @@ struct Fixture {
 /// evidence receiver runs (without a token) and the profile's telemetry points the
 /// harnesses' own OpenTelemetry export at it.
 async fn fixture() -> Fixture {
-    fixture_with(None).await
+    fixture_with(None, false).await
+}
+
+/// [`fixture`] with the developer under [`BUDGET`] and Envoy asking halo-server's budget
+/// service.
+async fn fixture_with_budget() -> Fixture {
+    fixture_with(None, true).await
 }
 
 /// [`fixture`], the CLI receiver requiring `cli_token` when given (halod writes it into
-/// the harnesses' OTLP headers).
-async fn fixture_with(cli_token: Option<&str>) -> Fixture {
+/// the harnesses' OTLP headers), with [`BUDGET`] when `budget`.
+async fn fixture_with(cli_token: Option<&str>, budget: bool) -> Fixture {
     let issuer = Issuer::start().await;
     let provider = WireProvider::start(true).await.expect("the provider");
     let policy = tempfile::tempdir().expect("policy dir");
-    write_policy(policy.path(), &issuer.url, &provider.url());
+    let extra = if budget { BUDGET_YAML } else { "" };
+    write_policy(policy.path(), &issuer.url, &provider.url(), extra);
     let mut org = halo_policy::load::load_dir(policy.path()).expect("the test policy loads");
     let receivers = {
         let data = policy.path().join("data");
@@ -208,12 +222,44 @@ async fn fixture_with(cli_token: Option<&str>) -> Fixture {
         ("HALO_TEST_OPENAI_KEY".into(), Some(OPENAI_KEY.into())),
         ("HALO_TEST_GEMINI_KEY".into(), Some(GEMINI_KEY.into())),
     ];
+    let budget = if budget {
+        let token_file = policy.path().join("budget.token");
+        std::fs::write(&token_file, BUDGET_TOKEN).expect("the budget token");
+        let compiled = halo_policy::compile(&org);
+        let served = halo_xds::Served {
+            org: org.clone(),
+            version: compiled.version(),
+            compiled,
+        };
+        let (_, policy_rx) = tokio::sync::watch::channel(std::sync::Arc::new(served));
+        halo_server::budget::start(
+            &halo_server::budget::BudgetSettings {
+                listen: Some("127.0.0.1:0".parse().expect("addr")),
+                token_file: Some(token_file),
+            },
+            None,
+            Some(&policy.path().join("data")),
+            policy_rx,
+            None,
+        )
+        .await
+        .expect("the budget service")
+    } else {
+        None
+    };
     let gw = Gateway::start(
         halo_policy::compile(&org),
         GatewayOptions {
             // The provider listens on loopback: let it receive the gateway's keys.
             settings: serde_json::json!({"upstreamHosts": ["127.0.0.1"]}),
             env,
+            budgets: budget
+                .as_ref()
+                .map(|b| halo_envoy_config::evidence::Export {
+                    url: format!("http://{}", b.addr),
+                    token_file: None,
+                    token: BUDGET_TOKEN.into(),
+                }),
             ..GatewayOptions::default()
         },
     );
@@ -251,7 +297,8 @@ async fn fixture_with(cli_token: Option<&str>) -> Fixture {
     let release = files.into_iter().map(|f| (f.path, f.content)).collect();
     let bin = tempfile::tempdir().expect("bin dir");
     Fixture {
-        _gw: gw,
+        gw,
+        budget,
         receivers,
         provider,
         issuer,
@@ -492,7 +539,7 @@ fn assert_answered(out: &Output, model: &str) {
 /// Code run the helper again and retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_through_the_gateway_for_every_family() {
-    let f = fixture_with(Some(CLI_TOKEN)).await;
+    let f = fixture_with(Some(CLI_TOKEN), false).await;
     let cc = harness::pinned_for("claude-code");
     let mut expired = f.issuer.claims(USER, &[]);
     // Well past Envoy's jwt_authn clock skew (60 s by default): a token 60 s old was
@@ -558,7 +605,7 @@ async fn claude_code_through_the_gateway_for_every_family() {
 /// shell that sourced the release's profile script, which exports the device's
 /// attribution (halod adds it there); the CLI receiver's token is in its config.
 async fn codex_through_the_gateway() {
-    let f = fixture_with(Some(CLI_TOKEN)).await;
+    let f = fixture_with(Some(CLI_TOKEN), false).await;
     let codex = harness::pinned_for("codex");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
@@ -640,4 +687,146 @@ async fn gemini_cli_through_the_gateway() {
     // One answered call and one failed (status 400: the caller's, not the arm's error,
     // so the error rate stays 0).
     f.assert_cli_evidence("Gemini CLI", 1, 0).await;
+}
+
+/// Budgets (issue #25): with the developer's budget spent, each harness (as the release
+/// configures it) makes one call, gets the 429 and exits 1 at once, printing the budget's
+/// message (name, period, reset): Claude Code and Gemini CLI the body's message, Codex its
+/// own quota text (see halo-policy's `budgets::spent_reply` for why each shape); the
+/// provider sees no call. Each harness's calls and time are printed. The OpenAI and
+/// Gemini wires' 429 bodies are checked through Envoy directly first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harnesses_show_a_spent_budgets_message_and_stop() {
+    let f = fixture_with_budget().await;
+    let service = &f.budget.as_ref().expect("the budget service").budgets;
+    let tokens = [f.token()];
+    let (path, _) = f.halo_stand_in(&tokens);
+    let spent = || service.metrics.spent_tokens();
+    // One call spends the one-token budget.
+    let r =
+        f.gw.client
+            .post(format!("{}/v1/messages", f.gw.base))
+            .bearer_auth(&tokens[0])
+            .json(&serde_json::json!({"model": "sonnet", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .expect("the gateway answers");
+    assert_eq!(r.status(), 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while spent() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the spend never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served = f.calls().len();
+    let message = format!("halo budget {BUDGET} (1 tokens per day, UTC) is spent; it resets at ");
+
+    // Each wire's own 429 shape, live through Envoy.
+    for (path, body, check) in [
+        (
+            "/v1/responses".to_string(),
+            serde_json::json!({"model": "gpt", "input": "hi"}),
+            "/error/code",
+        ),
+        (
+            "/v1beta/models/gemini-pro:generateContent".to_string(),
+            serde_json::json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
+            "/error/status",
+        ),
+    ] {
+        let r =
+            f.gw.client
+                .post(format!("{}{path}", f.gw.base))
+                .bearer_auth(&tokens[0])
+                .json(&body)
+                .send()
+                .await
+                .expect("the gateway answers");
+        assert_eq!(r.status(), 429, "{path}");
+        assert_eq!(r.headers()["x-halo-budget"], BUDGET);
+        assert!(r.headers().contains_key("retry-after"), "{path}");
+        let body: serde_json::Value = r.json().await.expect("a JSON body");
+        let want = if check == "/error/code" {
+            "insufficient_quota"
+        } else {
+            "RESOURCE_EXHAUSTED"
+        };
+        assert_eq!(
+            body.pointer(check),
+            Some(&serde_json::json!(want)),
+            "{body}"
+        );
+        if check == "/error/status" {
+            // Gemini CLI stops on a RetryInfo delay over 5 minutes (and retries without).
+            assert_eq!(
+                body.pointer("/error/details/0/@type"),
+                Some(&serde_json::json!(
+                    "type.googleapis.com/google.rpc.RetryInfo"
+                )),
+                "{body}"
+            );
+        }
+        let text = body
+            .pointer("/error/message")
+            .and_then(|m| m.as_str())
+            .unwrap_or("");
+        assert!(text.starts_with(&message), "{body}");
+    }
+
+    let refused = || f.gw.envoy.stat_sum("ratelimit\\.halo_budget\\.over_limit");
+    let cc = harness::pinned_for("claude-code");
+    let codex = harness::pinned_for("codex");
+    let gemini = harness::pinned_for("gemini-cli");
+    let profile = halo_release::adapters::gemini_cli::profile_path(Os::Linux)
+        .expect("a profile script on linux");
+    let gemini_line = format!(". {profile} && exec {} -p 'Say hello'", gemini.command);
+    let runs: [(&Pinned, PathBuf, Vec<&str>); 3] = [
+        (&cc, cc.binary(), vec!["-p", "Say hello"]),
+        (
+            &codex,
+            codex.binary(),
+            vec!["exec", "--skip-git-repo-check", "Say hello"],
+        ),
+        (&gemini, PathBuf::from("sh"), vec!["-c", &gemini_line]),
+    ];
+    for (pinned, program, args) in runs {
+        let before = refused();
+        let out = f.run(pinned, program, &args, path.clone()).await;
+        let attempts = refused() - before;
+        eprintln!(
+            "budget spent: {}@{} made {attempts} call(s), all refused 429, and exited {:?} after {:?}",
+            pinned.harness, pinned.version, out.code, out.duration
+        );
+        assert!(
+            !out.timed_out,
+            "{} kept retrying: {}",
+            pinned.harness,
+            out.describe()
+        );
+        assert_eq!(out.code, Some(1), "{}", out.describe());
+        // One call each: none of them retries the budget's 429.
+        assert_eq!(attempts, 1, "{}: {}", pinned.harness, out.describe());
+        let printed = format!("{}\n{}", out.stdout, out.stderr);
+        // Codex prints its own text for OpenAI's `insufficient_quota` (the one 429 it does
+        // not retry), never the body's message: the budget's name is not shown there.
+        let shown = if pinned.harness == "codex" {
+            "Quota exceeded. Check your plan and billing details."
+        } else {
+            message.as_str()
+        };
+        assert!(
+            printed.contains(shown),
+            "{} does not show {shown:?}: {}",
+            pinned.harness,
+            out.describe()
+        );
+        assert_eq!(
+            f.calls().len(),
+            served,
+            "a refused call reached the provider"
+        );
+    }
 }
