@@ -34,7 +34,8 @@ const EXPERIMENT: &str = "claude-opus-default";
 const CLAUDE: &str = "/etc/claude-code/managed-settings.json";
 const CODEX: &str = "/etc/codex/managed_config.toml";
 const GEMINI: &str = "/etc/gemini-cli/settings.json";
-const GEMINI_PROFILE: &str = "/etc/profile.d/halos-gemini-cli.sh";
+/// halod's own script: the telemetry attribution Codex and Gemini CLI read.
+const TELEMETRY_PROFILE: &str = "/etc/profile.d/halos-telemetry.sh";
 
 fn acme() -> Org {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/acme-corp");
@@ -532,7 +533,7 @@ async fn a_killed_experiment_reverts_within_one_kill_poll_and_comes_back_when_un
             .unwrap()
             .contains("authorization = \"Bearer cli-receiver-token-7f3\"")
     );
-    let profile = w.read(GEMINI_PROFILE).unwrap();
+    let profile = w.read(TELEMETRY_PROFILE).unwrap();
     assert!(profile.contains(&format!("halo.unit={unit}")), "{profile}");
     assert!(!profile.contains("cli-receiver-token"));
     assert!(on_variant.contains("opus"), "{on_variant}");
@@ -790,13 +791,6 @@ async fn halod_once_binary_applies_acme_corp_under_the_root_prefix() {
                 "deep-reasoning merged into {}",
                 entry.path
             );
-        } else if entry.path == GEMINI_PROFILE {
-            // The device's telemetry attribution, exported after the released script.
-            let added = on_disk
-                .strip_prefix(released.as_str())
-                .unwrap_or_else(|| panic!("the released script, then: {on_disk}"));
-            assert!(added.contains("halo.unit="), "{added}");
-            assert!(!added.contains(&user));
         } else {
             assert_eq!(on_disk, released, "{}", entry.path);
         }
@@ -806,6 +800,11 @@ async fn halod_once_binary_applies_acme_corp_under_the_root_prefix() {
             .mode();
         assert_eq!(mode & 0o777, entry.mode);
     }
+    // And halod's own script with the telemetry attribution (acme-corp's telemetry is
+    // on), which names no user.
+    let script = w.read(TELEMETRY_PROFILE).expect("the telemetry script");
+    assert!(script.contains("halo.unit="), "{script}");
+    assert!(!script.contains(&user));
     assert!(
         w.read(CLAUDE)
             .unwrap()

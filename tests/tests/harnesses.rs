@@ -599,17 +599,16 @@ async fn claude_code_through_the_gateway_for_every_family() {
 }
 
 /// Codex: /etc/codex/managed_config.toml (the halos provider, wire responses, the
-/// helper as the provider's auth command).
+/// helper as the provider's auth command). Codex takes its resource attributes from its
+/// environment only: it runs from a login shell that sourced halod's telemetry script,
+/// which exports the device's attribution; the CLI receiver's token is in its config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-/// Codex takes its resource attributes from its environment only: it runs from a login
-/// shell that sourced the release's profile script, which exports the device's
-/// attribution (halod adds it there); the CLI receiver's token is in its config.
 async fn codex_through_the_gateway() {
     let f = fixture_with(Some(CLI_TOKEN), false).await;
     let codex = harness::pinned_for("codex");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
-    let profile = halo_release::adapters::gemini_cli::profile_path(Os::Linux)
+    let profile = halo_release::adapters::telemetry::profile_path(Os::Linux)
         .expect("a profile script on linux");
     let line = format!(
         ". {profile} && exec {} exec --skip-git-repo-check 'Say hello'",
@@ -648,9 +647,16 @@ async fn gemini_cli_through_the_gateway() {
     let gemini = harness::pinned_for("gemini-cli");
     let tokens = [f.token()];
     let (path, _) = f.halo_stand_in(&tokens);
-    let profile = halo_release::adapters::gemini_cli::profile_path(Os::Linux)
-        .expect("a profile script on linux");
-    let line = format!(". {profile} && exec {} -p 'Say hello'", gemini.command);
+    // A login shell sources every profile script: Gemini CLI's (base URL, key) and
+    // halod's telemetry attribution.
+    let profile = format!(
+        ". {} && . {}",
+        halo_release::adapters::gemini_cli::profile_path(Os::Linux)
+            .expect("a profile script on linux"),
+        halo_release::adapters::telemetry::profile_path(Os::Linux)
+            .expect("a telemetry script on linux")
+    );
+    let line = format!("{profile} && exec {} -p 'Say hello'", gemini.command);
     let out = f
         .run(&gemini, PathBuf::from("sh"), &["-c", &line], path)
         .await;
@@ -671,7 +677,7 @@ async fn gemini_cli_through_the_gateway() {
     // a failed call (its api_error), never reaching the provider.
     let before = f.calls().len();
     let line = format!(
-        ". {profile} && exec {} -m nope -p 'Say hello'",
+        "{profile} && exec {} -m nope -p 'Say hello'",
         gemini.command
     );
     let (path, _) = f.halo_stand_in(&tokens);

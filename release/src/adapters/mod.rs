@@ -125,6 +125,7 @@ pub fn managed_locations(os: Os) -> Vec<String> {
     out.extend(codex::managed_path(os).map(str::to_string));
     out.push(gemini_cli::settings_path(os).to_string());
     out.extend(gemini_cli::profile_path(os).map(str::to_string));
+    out.extend(telemetry::profile_path(os).map(str::to_string));
     out
 }
 

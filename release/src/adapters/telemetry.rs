@@ -16,24 +16,22 @@
 //! harness honours (seen on the wire, tests/tests/harnesses.rs):
 //! - Claude Code: its managed settings' `env` (`OTEL_RESOURCE_ATTRIBUTES`, and the token
 //!   as `OTEL_EXPORTER_OTLP_HEADERS`), applied to its own process only.
-//! - Gemini CLI: no setting for either; it reads `OTEL_RESOURCE_ATTRIBUTES` from its
-//!   environment, so its login-shell profile script (already the release's) exports it,
-//!   added to any value the shell had. Every OpenTelemetry program started from that
-//!   shell then carries the attribution too (it names no one: ring, release, experiment,
-//!   variant, unit hash). The token is not exported there: every such program would send
-//!   it to its own collector.
-//! - Codex: its `[otel.exporter.otlp-http]` takes `headers` (the token); its resource
-//!   attributes come only from its environment (`OTEL_RESOURCE_ATTRIBUTES`; no config
-//!   key), which a managed file cannot set, so Codex records carry the attribution only
-//!   when its shell has it (Gemini CLI's profile script does, when rendered; without it
-//!   halod's status warns).
+//! - Gemini CLI and Codex read `OTEL_RESOURCE_ATTRIBUTES` from their environment only
+//!   (no setting for it), so when either one's telemetry is on halod writes a login-shell
+//!   script of its own, [`profile_path`], exporting it (added to any value the shell had).
+//!   Every OpenTelemetry program started from that shell then carries the attribution too
+//!   (it names no one: ring, release, experiment, variant, unit hash). Windows has no
+//!   login-shell script: a warning says so.
+//! - The token: Codex's `[otel.exporter.otlp-http]` takes `headers`; Gemini CLI has no
+//!   setting for OTLP headers, and the token is never exported from a shell script: every
+//!   OpenTelemetry program would send it to its own collector.
 //!
 //! Only a harness whose rendered settings enable telemetry is touched.
 
 use halo_envoy_config::evidence as names;
 use halo_policy::{Harness, assign};
 
-use super::{RenderedFile, codex, gemini_cli, json_bytes, settings_file};
+use super::{FILE_MODE, Os, RenderedFile, codex, gemini_cli, json_bytes, settings_file};
 use crate::check::check_rendered;
 
 /// What a harness's records say about this device.
@@ -105,6 +103,15 @@ fn percent_encode(v: &str) -> String {
     out
 }
 
+/// The login-shell script halod writes with the attribution for the harnesses that read
+/// it from their environment (`None` on Windows).
+pub fn profile_path(os: Os) -> Option<&'static str> {
+    match os {
+        Os::Darwin | Os::Linux => Some("/etc/profile.d/halos-telemetry.sh"),
+        Os::Windows => None,
+    }
+}
+
 /// The CLI receiver's token is a bearer token in an OTLP header (`key=value` lists in
 /// the environment, TOML strings in Codex): one that could break either is refused.
 fn token_is_header_safe(token: &str) -> bool {
@@ -116,10 +123,11 @@ fn token_is_header_safe(token: &str) -> bool {
 
 /// Add the attribution, and the CLI receiver's `token` when set, to the telemetry
 /// settings among `files` (one OS's files of one release, client toggles already
-/// merged). A changed file passes CheckRendered again; a file that cannot take them is
-/// left as it was and a warning says why (never the token).
+/// merged), and the login-shell script ([`profile_path`]) when a harness reads the
+/// attribution from its environment. A changed file passes CheckRendered again; a file
+/// that cannot take them is left as it was and a warning says why (never the token).
 pub fn attribute(
-    files: &mut [RenderedFile],
+    files: &mut Vec<RenderedFile>,
     attribution: &Attribution,
     token: Option<&str>,
 ) -> Vec<String> {
@@ -134,25 +142,9 @@ pub fn attribute(
         }
         t => t,
     };
-    let gemini_telemetry = files.iter().any(|f| {
-        f.harness == Harness::GeminiCli
-            && f.path == gemini_cli::settings_path(f.os)
-            && serde_json::from_slice::<serde_json::Value>(&f.content)
-                .ok()
-                .and_then(|v| v.pointer("/telemetry/enabled").and_then(|e| e.as_bool()))
-                == Some(true)
-    });
-    let mut exported = false;
-    let mut codex_telemetry = false;
+    // The harness (and OS) whose telemetry needs the attribution in the environment.
+    let mut from_environment: Option<(Harness, Os)> = None;
     for file in files.iter_mut() {
-        if file.harness == Harness::Codex
-            && codex::managed_path(file.os) == Some(file.path.as_str())
-        {
-            codex_telemetry = std::str::from_utf8(&file.content)
-                .ok()
-                .and_then(|t| toml::from_str::<toml::Table>(t).ok())
-                .is_some_and(|t| t.contains_key("otel"));
-        }
         let changed = match file.harness {
             Harness::ClaudeCode
                 if settings_file(file.harness, file.os) == Some(file.path.clone()) =>
@@ -160,13 +152,16 @@ pub fn attribute(
                 claude_code(&file.content, attribution, token)
             }
             Harness::Codex if codex::managed_path(file.os) == Some(file.path.as_str()) => {
+                if toml_has_otel(&file.content) {
+                    from_environment.get_or_insert((file.harness, file.os));
+                }
                 codex_headers(&file.content, token)
             }
-            Harness::GeminiCli
-                if gemini_telemetry
-                    && gemini_cli::profile_path(file.os) == Some(file.path.as_str()) =>
-            {
-                Ok(Some(gemini_profile(&file.content, attribution)))
+            Harness::GeminiCli if file.path == gemini_cli::settings_path(file.os) => {
+                if gemini_telemetry(&file.content) {
+                    from_environment.get_or_insert((file.harness, file.os));
+                }
+                Ok(None)
             }
             _ => Ok(None),
         };
@@ -186,23 +181,50 @@ pub fn attribute(
             ..file.clone()
         };
         match check_rendered(&candidate) {
-            Ok(()) => {
-                exported |= file.harness == Harness::GeminiCli;
-                *file = candidate;
-            }
+            Ok(()) => *file = candidate,
             Err(e) => warnings.push(format!(
                 "telemetry attribution not added to {}: {e}",
                 file.path
             )),
         }
     }
-    if codex_telemetry && !exported {
-        warnings.push(
-            "Codex's telemetry carries no Halos attribution: Codex reads OTEL_RESOURCE_ATTRIBUTES from its environment only, and no login-shell script of this release exports it (Gemini CLI's, with its telemetry on, does)"
-                .to_string(),
-        );
+    if let Some((harness, os)) = from_environment {
+        match profile_path(os) {
+            Some(path) => {
+                let script = RenderedFile {
+                    harness,
+                    os,
+                    path: path.to_string(),
+                    mode: FILE_MODE,
+                    content: profile_script(attribution).into_bytes(),
+                };
+                match check_rendered(&script) {
+                    Ok(()) => files.push(script),
+                    Err(e) => warnings.push(format!("telemetry attribution not written: {e}")),
+                }
+            }
+            None => warnings.push(format!(
+                "{}'s telemetry carries no Halos attribution on {}: it reads OTEL_RESOURCE_ATTRIBUTES from its environment only, and there is no login-shell script to export it",
+                harness.as_str(),
+                os.as_str()
+            )),
+        }
     }
     warnings
+}
+
+fn toml_has_otel(content: &[u8]) -> bool {
+    std::str::from_utf8(content)
+        .ok()
+        .and_then(|t| toml::from_str::<toml::Table>(t).ok())
+        .is_some_and(|t| t.contains_key("otel"))
+}
+
+fn gemini_telemetry(content: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(content)
+        .ok()
+        .and_then(|v| v.pointer("/telemetry/enabled").and_then(|e| e.as_bool()))
+        == Some(true)
 }
 
 /// Claude Code: `env` of the managed settings, when they enable its telemetry.
@@ -264,29 +286,21 @@ fn codex_headers(content: &[u8], token: Option<&str>) -> Result<Option<Vec<u8>>,
     ))
 }
 
-/// Gemini CLI: the profile script exports the attribution (after what it already says).
-fn gemini_profile(content: &[u8], attribution: &Attribution) -> Vec<u8> {
-    let mut out = content.to_vec();
-    if !out.ends_with(b"\n") && !out.is_empty() {
-        out.push(b'\n');
-    }
-    out.extend_from_slice(
-        format!(
-            "# This device's Halos attribution for the harnesses' own telemetry (halod):\n\
-             # ring, release, experiment, variant and the salted unit hash; no user id.\n\
-             OTEL_RESOURCE_ATTRIBUTES=\"${{OTEL_RESOURCE_ATTRIBUTES:+$OTEL_RESOURCE_ATTRIBUTES,}}\"{}\n\
-             export OTEL_RESOURCE_ATTRIBUTES\n",
-            gemini_cli::shell_single_quote(&attribution.resource_attributes())
-        )
-        .as_bytes(),
-    );
-    out
+/// The login-shell script: the attribution exported after what the shell had.
+fn profile_script(attribution: &Attribution) -> String {
+    format!(
+        "# Managed by Halos (halod). This device's attribution for the coding tools' own\n\
+         # telemetry (Codex and Gemini CLI read it from the environment): ring, release,\n\
+         # experiment, variant and the salted unit hash; no user id, no token.\n\
+         OTEL_RESOURCE_ATTRIBUTES=\"${{OTEL_RESOURCE_ATTRIBUTES:+$OTEL_RESOURCE_ATTRIBUTES,}}\"{}\n\
+         export OTEL_RESOURCE_ATTRIBUTES\n",
+        gemini_cli::shell_single_quote(&attribution.resource_attributes())
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapters::{FILE_MODE, Os};
 
     fn file(harness: Harness, path: &str, content: &str) -> RenderedFile {
         RenderedFile {
@@ -378,8 +392,15 @@ mod tests {
             codex.contains("authorization = \"Bearer cli-token-1234\""),
             "{codex}"
         );
-        let profile = String::from_utf8(files[3].content.clone()).unwrap();
-        assert!(profile.starts_with("GEMINI_API_KEY=x\n"));
+        assert_eq!(
+            files[3].content, b"GEMINI_API_KEY=x\n",
+            "Gemini CLI's own script"
+        );
+        // Codex and Gemini CLI read the attribution from the environment: one script of
+        // halod's exports it.
+        assert_eq!(files.len(), 5);
+        assert_eq!(files[4].path, "/etc/profile.d/halos-telemetry.sh");
+        let profile = String::from_utf8(files[4].content.clone()).unwrap();
         assert!(profile.contains(&format!("'{}'", a.resource_attributes())));
         assert!(!profile.contains("cli-token"), "no token in a shell export");
         // Telemetry off: nothing changes.
@@ -402,13 +423,24 @@ mod tests {
     }
 
     #[test]
-    fn codex_without_an_exported_attribution_is_a_warning() {
-        let mut files = vec![file(
-            Harness::Codex,
-            "/etc/codex/managed_config.toml",
-            "[otel]\nlog_user_prompt = false\n",
-        )];
+    fn codex_alone_gets_the_script_and_windows_a_warning() {
+        let codex = |os: Os, path: &str| RenderedFile {
+            os,
+            ..file(Harness::Codex, path, "[otel]\nlog_user_prompt = false\n")
+        };
+        let mut files = vec![codex(Os::Linux, "/etc/codex/managed_config.toml")];
+        assert!(attribute(&mut files, &attribution(), None).is_empty());
+        assert_eq!(files[1].path, "/etc/profile.d/halos-telemetry.sh");
+        let mut files = vec![RenderedFile {
+            os: Os::Windows,
+            ..file(
+                Harness::GeminiCli,
+                gemini_cli::settings_path(Os::Windows),
+                "{\"telemetry\": {\"enabled\": true}}",
+            )
+        }];
         let warnings = attribute(&mut files, &attribution(), None);
+        assert_eq!(files.len(), 1);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("OTEL_RESOURCE_ATTRIBUTES"));
     }
