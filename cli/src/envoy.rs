@@ -98,6 +98,16 @@ pub struct BootstrapArgs {
     /// sent as gRPC metadata; written into the bootstrap, which is then created mode 0600.
     #[arg(long, value_name = "FILE", requires = "evidence_url")]
     evidence_token_file: Option<PathBuf>,
+    /// halo-server's budget service (its `--budget-listen`, e.g.
+    /// https://halo-server:4321): with budgets in the policy, Envoy's ratelimit filter
+    /// asks it before each budgeted call and adds the call's tokens and cost when it ends.
+    /// Needs --budget-token-file.
+    #[arg(long, value_name = "URL", requires = "budget_token_file")]
+    budget_url: Option<String>,
+    /// File holding the budget token (halo-server's --budget-token-file), sent as gRPC
+    /// metadata; written into the bootstrap, which is then created mode 0600.
+    #[arg(long, value_name = "FILE", requires = "budget_url")]
+    budget_token_file: Option<PathBuf>,
     /// Route callers whose token fails verification anonymously (ring unknown).
     #[arg(long)]
     allow_unverified: bool,
@@ -276,26 +286,19 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
             }
         },
     };
-    let evidence = match (&args.evidence_url, &args.evidence_token_file) {
-        (Some(url), Some(token_file)) => {
-            let token = read(token_file, "OTLP gateway token file")?
-                .trim()
-                .to_string();
-            if token.is_empty() {
-                return Err(Failure::Error(anyhow::anyhow!(
-                    "--evidence-token-file {} is empty",
-                    token_file.display()
-                )));
-            }
-            secret = true;
-            Some(halo_envoy_config::evidence::Export {
-                url: url.clone(),
-                token_file: Some(token_file.display().to_string()),
-                token,
-            })
-        }
-        _ => None,
-    };
+    let evidence = grpc_service(
+        args.evidence_url.as_ref(),
+        args.evidence_token_file.as_ref(),
+        "OTLP gateway token file",
+        "--evidence-token-file",
+    )?;
+    let budgets = grpc_service(
+        args.budget_url.as_ref(),
+        args.budget_token_file.as_ref(),
+        "budget token file",
+        "--budget-token-file",
+    )?;
+    secret |= evidence.is_some() || budgets.is_some();
     let gateway = GatewaySettings {
         upstream_ca_file,
         listen_address,
@@ -309,6 +312,7 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         ),
         killswitch_url: args.killswitch_url.clone(),
         evidence,
+        budgets,
         next_hop: args.next_hop.clone(),
         default_upstream: args.default_upstream.clone(),
         shadow_url: args.shadow_url.clone(),
@@ -346,6 +350,32 @@ fn bootstrap(args: &BootstrapArgs) -> Result<(), Failure> {
         eprintln!("rendered {} -> {}", source, args.output.display());
     }
     Ok(())
+}
+
+/// A gRPC service Envoy itself calls with a token (`{url, tokenFile}`: the evidence
+/// receiver, the budget service) from its URL and token-file flags: the token read and
+/// trimmed, never empty. `None` without the URL (clap requires both or neither).
+fn grpc_service(
+    url: Option<&String>,
+    token_file: Option<&PathBuf>,
+    what: &str,
+    flag: &str,
+) -> Result<Option<halo_envoy_config::evidence::Export>, Failure> {
+    let (Some(url), Some(token_file)) = (url, token_file) else {
+        return Ok(None);
+    };
+    let token = read(token_file, what)?.trim().to_string();
+    if token.is_empty() {
+        return Err(Failure::Error(anyhow::anyhow!(
+            "{flag} {} is empty",
+            token_file.display()
+        )));
+    }
+    Ok(Some(halo_envoy_config::evidence::Export {
+        url: url.clone(),
+        token_file: Some(token_file.display().to_string()),
+        token,
+    }))
 }
 
 /// The JWKS URL jwt_authn fetches the issuer's keys from: `--jwks-uri`, else the issuer's

@@ -103,6 +103,76 @@ fn renders_the_bootstrap_with_the_kill_list_owner_only() {
     assert_eq!(o.status.code(), Some(1));
 }
 
+/// `--budget-url` and `--budget-token-file` (halo-server's `--budget-listen` and its
+/// token): a policy with budgets gets Envoy's ratelimit filter after the halo filter and
+/// the `halo-budget` cluster, the token in the bootstrap (written 0600); without the flags
+/// the plan warns that the budgets are not enforced.
+#[test]
+fn renders_the_budget_check_with_the_budget_service_and_its_token() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let policy = dir.path().join("policy");
+    let copied = Command::new("cp")
+        .args(["-r", "examples/acme-corp"])
+        .arg(&policy)
+        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    let gateway = policy.join("gateway.yaml");
+    let text = std::fs::read_to_string(&gateway).expect("gateway.yaml");
+    std::fs::write(
+        &gateway,
+        text + "budgets:\n  eng-daily:\n    appliesTo: {groups: [engineering]}\n    period: day\n    limit: {usd: 50}\n",
+    )
+    .expect("gateway.yaml");
+    let token = dir.path().join("budget.token");
+    std::fs::write(&token, "budget-secret-token\n").expect("token");
+    let out = dir.path().join("envoy.yaml");
+    let bootstrap = |extra: &[&str]| {
+        let mut a = vec![
+            "envoy",
+            "bootstrap",
+            "--policy-dir",
+            policy.to_str().expect("utf8"),
+            "-o",
+            out.to_str().expect("utf8"),
+        ];
+        a.extend_from_slice(extra);
+        halo(&a)
+    };
+    let o = bootstrap(&[
+        "--budget-url",
+        "https://halo-server.acme.internal:4321",
+        "--budget-token-file",
+        token.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let yaml = std::fs::read_to_string(&out).expect("written");
+    assert!(yaml.contains("envoy.filters.http.ratelimit") && yaml.contains("halo-budget"));
+    assert!(
+        yaml.contains("Bearer budget-secret-token"),
+        "the token as gRPC metadata"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&out).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a file holding the budget token is owner-only");
+
+    // Without the service: rendered, with the warning that the budgets are not enforced.
+    let o = bootstrap(&[]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("budgets but the settings name no budget service"),
+        "{stderr}"
+    );
+    let yaml = std::fs::read_to_string(&out).expect("written");
+    assert!(!yaml.contains("envoy.filters.http.ratelimit"));
+    // One flag without the other is refused.
+    let o = bootstrap(&["--budget-url", "https://h:4321"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--budget-token-file"));
+}
+
 #[test]
 fn plain_http_kill_list_needs_the_in_cluster_opt_in_and_opt_outs_warn() {
     let dir = tempfile::tempdir().expect("tmp");
