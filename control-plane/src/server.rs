@@ -175,11 +175,27 @@ pub async fn start_with(
         .with_context(|| format!("binding --admin-listen {}", settings.admin_listen))?;
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
+    // The mirror service's port is bound first: the xDS gateway settings name it.
+    let shadow_listener = match settings.shadow.listen {
+        Some(listen) => Some(
+            TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("binding --shadow-listen {listen}"))?,
+        ),
+        None => None,
+    };
+    let shadow_addr = match &shadow_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
     let xds = crate::xds::start(
         settings,
         xds,
         parts.killswitch.as_ref(),
-        api_addr,
+        crate::xds::ServerAddrs {
+            api: api_addr,
+            shadow: shadow_addr,
+        },
         parts.oidc.http().clone(),
     )
     .await?
@@ -212,7 +228,7 @@ pub async fn start_with(
                 store: Arc::clone(&parts.store),
             }),
     )?;
-    let shadow_store = match (&settings.shadow.listen, &receivers) {
+    let shadow_store = match (&shadow_listener, &receivers) {
         (None, _) => None,
         (Some(_), Some(r)) => Some(Arc::clone(&r.evidence.store)),
         (Some(_), None) => {
@@ -229,9 +245,18 @@ pub async fn start_with(
             )
         }
     };
-    let mirror = match shadow_store {
-        Some(store) => crate::shadow::start(&settings.shadow, source.served(), store).await?,
-        None => None,
+    let samples = receivers
+        .as_ref()
+        .map(|r| Arc::clone(&r.evidence.store))
+        .or_else(|| shadow_store.clone());
+    let mirror = match (shadow_listener, shadow_store) {
+        (Some(listener), Some(store)) => Some(crate::shadow::start(
+            &settings.shadow,
+            listener,
+            source.served(),
+            store,
+        )?),
+        _ => None,
     };
     let state = Arc::new(AppState {
         policy: source.served(),
@@ -245,6 +270,7 @@ pub async fn start_with(
         metrics: Metrics::default(),
         max_body_bytes: settings.max_body_bytes,
         evidence: receivers.as_ref().map(|r| Arc::clone(&r.evidence)),
+        samples,
         budget: budget.as_ref().map(|b| Arc::clone(&b.budgets)),
         controller: controller.clone(),
         shadow: mirror.as_ref().map(|m| Arc::clone(&m.metrics)),

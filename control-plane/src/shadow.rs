@@ -207,24 +207,21 @@ struct Work {
     spent: Mutex<BTreeMap<(String, i64), f64>>,
 }
 
-/// Bind `--shadow-listen` and start the workers; `None` without it.
-pub async fn start(
+/// Serve `POST /mirror` on `listener` (bound by the caller from `--shadow-listen`: the
+/// xDS gateway settings name its address before the service starts) and start the
+/// workers.
+pub fn start(
     settings: &ShadowSettings,
+    listener: tokio::net::TcpListener,
     policy: watch::Receiver<Arc<Served>>,
     store: Arc<dyn Store>,
-) -> anyhow::Result<Option<Mirror>> {
-    let Some(listen) = settings.listen else {
-        return Ok(None);
-    };
+) -> anyhow::Result<Mirror> {
     settings.check().map_err(anyhow::Error::msg)?;
     let token_file = settings
         .token_file
         .as_deref()
         .context("--shadow-token-file")?;
     let token = read_token_file("shadow token", token_file)?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("binding --shadow-listen {listen}"))?;
     let addr = listener.local_addr()?;
     let metrics = Arc::new(ShadowMetrics::default());
     let (tx, rx) = mpsc::channel(settings.queue);
@@ -258,11 +255,11 @@ pub async fn start(
     })];
     tasks.push(tokio::spawn(run_workers(rx, work, settings.concurrency)));
     tracing::info!(%addr, "mirror service listening");
-    Ok(Some(Mirror {
+    Ok(Mirror {
         addr,
         metrics,
         tasks,
-    }))
+    })
 }
 
 /// `POST /mirror`: the shadow token (throttled as every shared secret), a strict job, a

@@ -92,15 +92,26 @@ impl std::fmt::Debug for XdsOptions {
     }
 }
 
+/// This server's bound addresses the gateway settings may name.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerAddrs {
+    /// The API (the kill list's poll URL).
+    pub api: SocketAddr,
+    /// The mirror service, with `--shadow-listen`.
+    pub shadow: Option<SocketAddr>,
+}
+
 /// The gateway settings: the file's, with the filter's kill-switch settings (public key,
 /// gateway token) and the poll URL filled in from this server when the kill switch is on,
-/// and the evidence export's and the budget service's tokens read from their `tokenFile`
-/// (relative to the gateway file), by default this server's `--otlp-gateway-token-file`
-/// and `--budget-token-file`.
+/// the mirror service's URL (`shadowUrl`) and the filter's shadow token filled in when
+/// this server runs the mirror service (a file's own `shadowUrl`, `token` or `tokenEnv`
+/// wins), and the evidence export's and the budget service's tokens read from their
+/// `tokenFile` (relative to the gateway file), by default this server's
+/// `--otlp-gateway-token-file` and `--budget-token-file`.
 fn gateway_settings(
     settings: &Settings,
     given: Option<GatewaySettings>,
-    api_addr: SocketAddr,
+    addrs: ServerAddrs,
 ) -> anyhow::Result<GatewaySettings> {
     let mut gs: GatewaySettings = match (given, &settings.xds_gateway_file) {
         (Some(gs), _) => gs,
@@ -166,22 +177,40 @@ fn gateway_settings(
             .with_context(|| format!("reading {}", token_file.display()))?
             .trim()
             .to_string();
-        if !gs.filter_settings.is_object() {
-            anyhow::bail!("gateway settings: filterSettings must be an object");
-        }
-        let ks = &mut gs.filter_settings["killSwitch"];
-        if !ks.is_object() {
-            *ks = json!({});
-        }
+        let ks = filter_object(&mut gs, "killSwitch")?;
         ks["pubkey"] = json!(public);
         if ks.get("token").is_none() {
             ks["token"] = json!(token);
         }
         if gs.killswitch_url.is_none() {
-            gs.killswitch_url = Some(format!("http://{api_addr}/api/v1/gateway/killswitch"));
+            gs.killswitch_url = Some(format!("http://{}/api/v1/gateway/killswitch", addrs.api));
+        }
+    }
+    if let (Some(addr), Some(token_file)) = (addrs.shadow, &settings.shadow.token_file) {
+        let sh = filter_object(&mut gs, "shadow")?;
+        if sh.get("token").is_none() && sh.get("tokenEnv").is_none() {
+            sh["token"] = json!(crate::token::read_token("shadow token", token_file)?);
+        }
+        if gs.shadow_url.is_none() {
+            gs.shadow_url = Some(format!("http://{addr}/mirror"));
         }
     }
     Ok(gs)
+}
+
+/// The object `filterSettings.<key>`, made empty if absent.
+fn filter_object<'a>(
+    gs: &'a mut GatewaySettings,
+    key: &str,
+) -> anyhow::Result<&'a mut serde_json::Value> {
+    if !gs.filter_settings.is_object() {
+        anyhow::bail!("gateway settings: filterSettings must be an object");
+    }
+    let v = &mut gs.filter_settings[key];
+    if !v.is_object() {
+        *v = json!({});
+    }
+    Ok(v)
 }
 
 /// Keep `uris` holding the served issuer's JWKS URL, read from its OIDC discovery
@@ -242,13 +271,13 @@ pub async fn start(
     settings: &Settings,
     options: XdsOptions,
     killswitch: Option<&Arc<KillSwitch>>,
-    api_addr: SocketAddr,
+    addrs: ServerAddrs,
     http: reqwest::Client,
 ) -> anyhow::Result<Option<XdsHost>> {
     let Some(listen) = settings.xds_listen else {
         return Ok(None);
     };
-    let gs = gateway_settings(settings, options.gateway, api_addr)?;
+    let gs = gateway_settings(settings, options.gateway, addrs)?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding --xds-listen {listen}"))?;
@@ -331,7 +360,10 @@ mod tests {
     #[test]
     fn the_gateway_file_is_yaml_or_json_and_strict() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let addr: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let addr = ServerAddrs {
+            api: "127.0.0.1:1".parse().expect("addr"),
+            shadow: None,
+        };
         let yaml = dir.path().join("gw.yaml");
         std::fs::write(
             &yaml,
@@ -363,7 +395,10 @@ mod tests {
     #[test]
     fn the_evidence_token_is_read_from_its_file_or_the_receivers() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let addr: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let addr = ServerAddrs {
+            api: "127.0.0.1:1".parse().expect("addr"),
+            shadow: None,
+        };
         let token = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
         std::fs::write(dir.path().join("otlp.token"), format!("{token}\n")).expect("write");
         let gw = dir.path().join("gw.yaml");
@@ -400,5 +435,57 @@ mod tests {
             .expect_err("the token itself is not a key")
             .to_string();
         assert!(err.contains("token"), "{err}");
+    }
+
+    /// With the mirror service on (`--shadow-listen`), the served settings name it
+    /// (`shadowUrl`) and carry its token; a gateway file's own URL and token win.
+    #[test]
+    fn the_mirror_service_is_filled_in() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = "7a6b5c4d3e2f10f9e8d7c6b5a49382716a5b4c3d2e1f0f9e8d7c6b5a4938271a";
+        std::fs::write(dir.path().join("shadow.token"), format!("{token}\n")).expect("write");
+        let gw = dir.path().join("gw.yaml");
+        std::fs::write(&gw, "listenPort: 10000\n").expect("write");
+        let mut with_mirror = settings(&gw);
+        with_mirror.shadow.token_file = Some(dir.path().join("shadow.token"));
+        let addrs = ServerAddrs {
+            api: "127.0.0.1:1".parse().expect("addr"),
+            shadow: Some("127.0.0.1:4320".parse().expect("addr")),
+        };
+        let gs = gateway_settings(&with_mirror, None, addrs).expect("reads");
+        assert_eq!(
+            gs.shadow_url.as_deref(),
+            Some("http://127.0.0.1:4320/mirror")
+        );
+        assert_eq!(gs.filter_settings["shadow"]["token"], token);
+
+        std::fs::write(
+            &gw,
+            "shadowUrl: \"http://mirror.internal:4320/mirror\"\nfilterSettings: {shadow: {tokenEnv: SHADOW_TOKEN, maxBytes: 1000}}\n",
+        )
+        .expect("write");
+        let gs = gateway_settings(&with_mirror, None, addrs).expect("reads");
+        assert_eq!(
+            gs.shadow_url.as_deref(),
+            Some("http://mirror.internal:4320/mirror")
+        );
+        assert_eq!(
+            gs.filter_settings["shadow"],
+            json!({"tokenEnv": "SHADOW_TOKEN", "maxBytes": 1000})
+        );
+
+        // Without the mirror service nothing is added.
+        std::fs::write(&gw, "listenPort: 10000\n").expect("write");
+        let gs = gateway_settings(
+            &with_mirror,
+            None,
+            ServerAddrs {
+                shadow: None,
+                ..addrs
+            },
+        )
+        .expect("reads");
+        assert!(gs.shadow_url.is_none());
+        assert!(gs.filter_settings.get("shadow").is_none());
     }
 }

@@ -29,6 +29,15 @@
 //! the closed-loop load table (each Envoy in turn, HALO_BENCH_CONNS connections, default
 //! 4; HALO_BENCH_REPS interleaved repetitions with medians, default 1).
 //!
+//! The shadow arms (issue 24): per build, the same gateway with a shadow experiment
+//! enrolling the caller on every step (each bench request becomes a mirror job) and the
+//! mirror service up (answers 202 at once), slow (answers after 10 s: each callout waits
+//! out the filter's 2 s timeout, and the `halo-shadow` cluster's bound overflows) and down
+//! (nothing listening), each paired with the build without shadow: what mirroring adds to
+//! the live call. After each arm the jobs' fate is printed: the filter's
+//! `halo_shadow_jobs` outcomes, Envoy's `halo-shadow` cluster stats and what the service
+//! received.
+//!
 //! `HALO_BENCH_CALLGRIND=<requests>` counts instead of timing: every Envoy runs under
 //! valgrind's callgrind and the bench reports the instructions Envoy executes per request
 //! (user space, all threads) over that many sequential requests after a warm-up. Counts
@@ -44,6 +53,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use halo_e2e::shadow::{Mirror, Mode, SHADOW_TOKEN};
 use halo_e2e::*;
 use halo_testkit::envoy::Envoy;
 use serde_json::json;
@@ -260,6 +270,55 @@ impl Paired {
         }
         println!("           target {line}");
     }
+}
+
+/// A build's gateways with shadow on ([the shadow arms](self)): one whose mirror service
+/// is up or slow (switched between arms), one whose mirror service is down.
+struct ShadowArms {
+    /// The build's name, whose gateway without shadow is the reference.
+    build: String,
+    mirror: Mirror,
+    up: Gateway,
+    down: Gateway,
+}
+
+/// What became of the jobs, cumulative: the filter's outcomes, Envoy's `halo-shadow`
+/// cluster stats, and the mirror service's count.
+fn shadow_fate(gw: &Gateway, mirror: Option<&Mirror>) -> Vec<(&'static str, u64)> {
+    let filter = |outcome: &str| {
+        gw.filter_series()
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with(&format!("halo_shadow_jobs{{halo_outcome=\"{outcome}\""))
+            })
+            .map(|(_, v)| v)
+            .sum::<u64>()
+    };
+    let cluster = |stat: &str| {
+        gw.envoy
+            .stat(&format!("cluster.halo-shadow.{stat}"))
+            .unwrap_or(0)
+    };
+    vec![
+        ("sent", filter("sent")),
+        ("not_sent", filter("not_sent")),
+        ("too_large", filter("too_large")),
+        ("completed", cluster("upstream_rq_completed")),
+        ("overflow", cluster("upstream_rq_pending_overflow")),
+        ("timeout", cluster("upstream_rq_timeout")),
+        ("connect_fail", cluster("upstream_cx_connect_fail")),
+        ("received", mirror.map_or(0, Mirror::received)),
+    ]
+}
+
+/// The change in [`shadow_fate`] over one arm, printed under its line.
+fn print_fate(before: &[(&str, u64)], after: &[(&str, u64)]) {
+    let parts: Vec<String> = before
+        .iter()
+        .zip(after)
+        .map(|((name, b), (_, a))| format!("{name} {}", a.saturating_sub(*b)))
+        .collect();
+    println!("           jobs: {}", parts.join(", "));
 }
 
 /// Pin this process (the load generator and the upstream) to the first CPU it may run on
@@ -500,6 +559,7 @@ async fn main() {
         return;
     }
     let gateways: Vec<(String, Gateway)> = modules
+        .clone()
         .into_iter()
         .map(|(name, module)| {
             assert!(
@@ -517,6 +577,51 @@ async fn main() {
             (name, Gateway::start(snap.clone(), opts))
         })
         .collect();
+    // HALO_BENCH_SHADOW=0 leaves the shadow arms out.
+    let shadow_on = std::env::var("HALO_BENCH_SHADOW").map_or(true, |v| v != "0");
+    let mut shadows = Vec::new();
+    if shadow_on {
+        // Every step mirrored (the bench bodies are first turns anyway), bodies up to the
+        // largest size mirrored too.
+        let shadow_snap =
+            halo_e2e::shadow::with_experiment(snap.clone(), "bench-shadow", "haiku", "all");
+        for build in &builds {
+            let module = modules
+                .iter()
+                .find(|(n, _)| *n == format!("halo {build}"))
+                .map(|(_, m)| m.clone())
+                .expect("the build's module");
+            let mut settings =
+                json!({"shadow": {"token": SHADOW_TOKEN, "maxBytes": 4 * 1024 * 1024}});
+            if no_jwt {
+                settings["identity"] = json!({"mode": "none"});
+            }
+            let mirror = Mirror::start_counting().await;
+            let start = |url: String| {
+                Gateway::start(
+                    shadow_snap.clone(),
+                    GatewayOptions {
+                        wasm_path: Some(module.clone()),
+                        settings: settings.clone(),
+                        shadow_url: Some(url),
+                        ..GatewayOptions::default()
+                    },
+                )
+            };
+            let up = start(mirror.url.clone());
+            // Down: a port nobody listens on.
+            let down = start(format!(
+                "http://127.0.0.1:{}/mirror",
+                halo_testkit::free_port()
+            ));
+            shadows.push(ShadowArms {
+                build: format!("halo {build}"),
+                mirror,
+                up,
+                down,
+            });
+        }
+    }
     let url_of = |name: &str| {
         gateways
             .iter()
@@ -547,6 +652,7 @@ async fn main() {
     let mut envoys: Vec<&Envoy> = baselines.iter().map(|(_, e, _)| e).collect();
     envoys.push(&bare_again);
     envoys.extend(gateways.iter().map(|(_, gw)| &gw.envoy));
+    envoys.extend(shadows.iter().flat_map(|a| [&a.up.envoy, &a.down.envoy]));
     pin(&envoys);
 
     let bare_url = &baselines[0].2;
@@ -569,6 +675,33 @@ async fn main() {
             let result = paired(bare_url, &url, Some(&token), &b, secs).await;
             result.print(&label, &format!("{name} vs bare"));
             result.verdict(kib, name);
+        }
+        // Shadow on against the same build with shadow off: what mirroring adds to the
+        // live call, with the mirror service up, slow and down.
+        for arms in &shadows {
+            let off = url_of(&arms.build);
+            for (what, gw, mode) in [
+                ("up", &arms.up, Some(Mode::Take)),
+                (
+                    "slow 10 s",
+                    &arms.up,
+                    Some(Mode::Slow(Duration::from_secs(10))),
+                ),
+                ("down", &arms.down, None),
+            ] {
+                if let Some(mode) = mode {
+                    arms.mirror.set(mode);
+                }
+                let mirror = mode.map(|_| &arms.mirror);
+                let before = shadow_fate(gw, mirror);
+                let on = format!("{}/v1/messages", gw.base);
+                paired(&off, &on, Some(&token), &b, secs).await.print(
+                    &label,
+                    &format!("{} shadow, service {what} vs off", arms.build),
+                );
+                print_fate(&before, &shadow_fate(gw, mirror));
+            }
+            arms.mirror.set(Mode::Take);
         }
         // Each build against its baseline directly: what the change between them costs.
         for (current, baseline) in &baselines_of {

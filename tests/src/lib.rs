@@ -10,6 +10,8 @@
 //! - [`Gateway`]: a real Envoy from the standalone bootstrap (halo-envoy-config) with the
 //!   built filter module, or in xDS mode ([`xds::gateway`]) from envoy/ads.yaml and
 //!   halo-xds.
+//! - [`shadow::Mirror`]: a recording mirror service (`POST /mirror`) that can be made
+//!   slow, failing or gone.
 //! - [`tls::TestCa`]: https fronts for the fakes, with certificates from a CA of the test.
 //! - [`bedrock::FakeBedrock`]: a Bedrock runtime that recomputes every SigV4 signature with
 //!   `aws-sigv4` and refuses mismatches.
@@ -19,6 +21,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod bedrock;
+pub mod shadow;
 pub mod tls;
 pub mod xds;
 

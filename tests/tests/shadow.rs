@@ -11,155 +11,28 @@
 // #[test] functions, and this in the helpers beside them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use halo_e2e::shadow::{ARRIVAL, Mirror, Mode, SHADOW_TOKEN};
 use halo_e2e::*;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
-
-const SHADOW_TOKEN: &str = "3f9a1c0e5b7d2468ace013579bdf24683f9a1c0e5b7d2468ace013579bdf2468";
-/// How long a job may take to arrive (Envoy sends it while the live call runs).
-const ARRIVAL: Duration = Duration::from_secs(10);
-
-/// How the recording mirror service answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// 202, as halo-server takes a job.
-    Take,
-    /// Answers 202 after this long.
-    Slow(Duration),
-    /// 500.
-    Fail,
-}
-
-/// One job as the mirror service received it.
-#[derive(Debug, Clone)]
-struct Received {
-    authorization: Option<String>,
-    envelope: Value,
-}
-
-#[derive(Clone)]
-struct Mirror {
-    url: String,
-    jobs: Arc<Mutex<Vec<Received>>>,
-    mode: Arc<Mutex<Mode>>,
-    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
-}
-
-impl Mirror {
-    async fn start() -> Mirror {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let url = format!("http://{}/mirror", listener.local_addr().expect("addr"));
-        let jobs = Arc::new(Mutex::new(Vec::new()));
-        let mode = Arc::new(Mutex::new(Mode::Take));
-        let (j, m) = (jobs.clone(), mode.clone());
-        let router = axum::Router::new()
-            .route(
-                "/mirror",
-                axum::routing::post(move |headers: HeaderMap, body: Bytes| {
-                    let (j, m) = (j.clone(), m.clone());
-                    async move {
-                        j.lock().expect("jobs").push(Received {
-                            authorization: headers
-                                .get("authorization")
-                                .and_then(|v| v.to_str().ok())
-                                .map(str::to_string),
-                            envelope: serde_json::from_slice(&body).unwrap_or(Value::Null),
-                        });
-                        let mode = *m.lock().expect("mode");
-                        match mode {
-                            Mode::Take => StatusCode::ACCEPTED.into_response(),
-                            Mode::Slow(d) => {
-                                tokio::time::sleep(d).await;
-                                StatusCode::ACCEPTED.into_response()
-                            }
-                            Mode::Fail => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-                        }
-                    }
-                }),
-            )
-            .layer(axum::extract::DefaultBodyLimit::disable());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
-        Mirror {
-            url,
-            jobs,
-            mode,
-            task: Arc::new(Mutex::new(Some(task))),
-        }
-    }
-
-    fn set(&self, mode: Mode) {
-        *self.mode.lock().expect("mode") = mode;
-    }
-
-    /// Stop listening: connections are refused from now on.
-    fn stop(&self) {
-        if let Some(task) = self.task.lock().expect("task").take() {
-            task.abort();
-        }
-    }
-
-    fn jobs(&self) -> Vec<Received> {
-        self.jobs.lock().expect("jobs").clone()
-    }
-
-    /// The jobs whose body carries `marker` (each request of a test carries its own).
-    fn with_marker(&self, marker: &str) -> Vec<Received> {
-        self.jobs()
-            .into_iter()
-            .filter(|j| j.envelope["body"].to_string().contains(marker))
-            .collect()
-    }
-
-    async fn wait_for(&self, marker: &str) -> Received {
-        let deadline = Instant::now() + ARRIVAL;
-        loop {
-            if let Some(job) = self.with_marker(marker).into_iter().next() {
-                return job;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no job carrying {marker} within {ARRIVAL:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
 
 /// The test policy plus three shadow experiments, each on its own alias whose live target
 /// is prov-a: `sh-first` (turns: first), `sh-all` (turns: all), `sh-killed` (killed by the
 /// kill list from the start). Every variant weight is on the treatment, so every caller
 /// in the rings is mirrored.
 fn snapshot(issuer: &str, p: &Providers) -> Snapshot {
-    let mut doc = serde_json::to_value(test_snapshot(issuer, p)).expect("snapshot json");
-    let experiment = |name: &str, alias: &str, turns: &str| {
-        json!({"name": name, "type": "shadow", "axis": "traffic", "status": "running",
-               "rings": ["canary", "general"], "salt": format!("{name}-salt"), "shadowTurns": turns,
-               "variants": [{"name": "control", "weight": 0},
-                            {"name": "treatment", "weight": 100,
-                             "routes": {alias: [{"upstream": "prov-b", "model": format!("{alias}-treatment")}]}}]})
-    };
+    let mut snap = test_snapshot(issuer, p);
     for (name, alias, turns) in [
         ("sh-first", "sh1", "first"),
         ("sh-all", "sh2", "all"),
         ("sh-killed", "sh3", "all"),
     ] {
-        doc["models"][alias] = json!([{"upstream": "prov-a", "model": format!("{alias}-live")}]);
-        doc["experiments"]
-            .as_array_mut()
-            .expect("experiments")
-            .push(experiment(name, alias, turns));
+        snap = halo_e2e::shadow::with_experiment(snap, name, alias, turns);
     }
-    Snapshot::from_bytes(doc.to_string().as_bytes()).expect("snapshot decodes")
+    snap
 }
 
 struct Setup {
@@ -386,18 +259,20 @@ async fn shadow_jobs_through_envoy() {
     check(s.call(&reference("marker-ref")).await, "stopped mirror");
 
     // Counted: jobs built and handed over, in the filter's series; their fate in Envoy's
-    // own stats of the mirror service's cluster.
+    // own stats of the mirror service's cluster. Requests started, not completed: the
+    // native module's callouts end with their stream (a job the service already holds
+    // is then counted as a reset, not a completion).
     assert!(series(&s.gw, "halo_shadow_jobs{halo_outcome=\"sent\"}") >= 4);
     assert!(series(&s.gw, "halo_shadow_jobs{halo_outcome=\"later_turn\"}") >= 1);
     assert!(
-        s.gw.prometheus_sum(
-            "envoy_cluster_upstream_rq_completed{envoy_cluster_name=\"halo-shadow\"}"
-        ) >= 4
+        s.gw.prometheus_sum("envoy_cluster_upstream_rq_total{envoy_cluster_name=\"halo-shadow\"}")
+            >= 4
     );
 }
 
 /// acme-corp's `gpt-shadow` end to end, with halo-server as the mirror service: Envoy fed
-/// over xDS by halo-server (the gateway file names the mirror service and its token), a
+/// over xDS by halo-server (which fills the mirror service's URL and token into the
+/// gateway settings it serves: the gateway file names neither), a
 /// Codex call of a caller the experiment samples is answered by control's target, and
 /// halo-server sends the copy to the treatment's target (`gpt-5.1-codex`) and records
 /// its answer as evidence for the `gpt-5-1` variant, source `shadow`.
@@ -430,15 +305,14 @@ async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
         }
         snap
     });
-    let shadow_port = halo_testkit::free_port();
+    // The gateway file names neither the mirror service nor its token: halo-server fills
+    // both in from --shadow-listen and --shadow-token-file.
     let listen_port = halo_testkit::free_port();
     let gateway_file = dir.path().join("xds-gateway.yaml");
     std::fs::write(
         &gateway_file,
         format!(
-            "listenAddress: 127.0.0.1\nlistenPort: {listen_port}\nwasmPath: {}\n\
-             shadowUrl: \"http://127.0.0.1:{shadow_port}/mirror\"\n\
-             filterSettings: {{shadow: {{token: \"{SHADOW_TOKEN}\"}}}}\n",
+            "listenAddress: 127.0.0.1\nlistenPort: {listen_port}\nwasmPath: {}\n",
             halo_testkit::filter_module().display()
         ),
     )
@@ -460,7 +334,7 @@ async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
         evidence: Default::default(),
         budget: Default::default(),
         shadow: halo_server::shadow::ShadowSettings {
-            listen: Some(format!("127.0.0.1:{shadow_port}").parse().expect("addr")),
+            listen: Some("127.0.0.1:0".parse().expect("addr")),
             token_file: Some(token_file),
             ..Default::default()
         },
