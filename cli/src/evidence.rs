@@ -1,5 +1,5 @@
 //! `halo evidence query`: an experiment's per-variant summary (n, mean, 95% interval of
-//! the mean) for one metric, from halo-server's evidence store through its admin API
+//! the mean, one row per variant and source: a shadow variant's row says `shadow`) for one metric, from halo-server's evidence store through its admin API
 //! (`GET /api/v1/evidence/samples`, the same admin auth as `halo kill`).
 
 use std::io::Write as _;
@@ -73,13 +73,14 @@ fn print_summary(body: &Value) -> anyhow::Result<()> {
         body["samples"]
     );
     let mut tw = tabwriter::TabWriter::new(std::io::stdout());
-    writeln!(tw, "VARIANT\tN\tMEAN\t95% INTERVAL")?;
+    writeln!(tw, "VARIANT\tSOURCE\tN\tMEAN\t95% INTERVAL")?;
     for v in body["variants"].as_array().into_iter().flatten() {
         let num = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
         writeln!(
             tw,
-            "{}\t{}\t{:.6}\t[{:.6}, {:.6}]",
+            "{}\t{}\t{}\t{:.6}\t[{:.6}, {:.6}]",
             v["variant"].as_str().unwrap_or("?"),
+            v["source"].as_str().unwrap_or("?"),
             v["n"],
             num("mean"),
             num("low"),

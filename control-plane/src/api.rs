@@ -83,6 +83,10 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// The evidence store, when the receivers run.
     pub evidence: Option<Arc<crate::evidence::Evidence>>,
+    /// The store the samples API reads: the receivers', else the mirror service's (a
+    /// halo-server that only mirrors still answers `halo evidence query` for its
+    /// shadow variants).
+    pub samples: Option<Arc<dyn halo_evidence::Store>>,
     /// The budget service, with `--budget-listen`: its counters.
     pub budget: Option<Arc<crate::budget::Budgets>>,
     /// The in-process controller, with `--controller`.

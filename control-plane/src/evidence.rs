@@ -652,11 +652,11 @@ pub(crate) async fn samples(
             );
         }
     };
-    let Some(evidence) = &state.evidence else {
+    let Some(store) = &state.samples else {
         return error(
             StatusCode::NOT_FOUND,
             "evidence_disabled",
-            "this halo-server runs no evidence receiver (see --otlp-gateway-listen)",
+            "this halo-server runs no evidence receiver or mirror service (see --otlp-gateway-listen, --shadow-listen)",
         );
     };
     let until = now_ms();
@@ -666,7 +666,7 @@ pub(crate) async fn samples(
         since_unix_ms: until - i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
         until_unix_ms: until + 1,
     };
-    let store = Arc::clone(&evidence.store);
+    let store = Arc::clone(store);
     match tokio::task::spawn_blocking(move || store.samples(&query)).await {
         Ok(Ok(samples)) => {
             let summary = halo_evidence::summarize(&samples);

@@ -331,26 +331,33 @@ pub fn percentile_cont(sorted: &[f64], q: f64) -> Option<f64> {
 }
 
 /// The per-variant summary `halo evidence query` prints: n, mean and a 95% interval of
-/// the mean (normal approximation, sample standard deviation).
+/// the mean (normal approximation, sample standard deviation), one per variant and source.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Summary {
     pub variant: String,
+    /// Who vouched for these samples ([`Source::as_str`]): a shadow variant's answers to
+    /// mirrored copies (`shadow`) are not the live calls of a variant (`gateway`), so the
+    /// two are never averaged together.
+    pub source: String,
     pub n: u64,
     pub mean: f64,
     pub low: f64,
     pub high: f64,
 }
 
-/// Summaries of `samples` per variant (sorted by variant).
+/// Summaries of `samples` per variant and source (sorted by variant, then source).
 pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
-    let mut by_variant: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut by_variant: std::collections::BTreeMap<(&str, Source), Vec<f64>> = Default::default();
     for s in samples {
-        by_variant.entry(&s.variant).or_default().push(s.value);
+        by_variant
+            .entry((&s.variant, s.source))
+            .or_default()
+            .push(s.value);
     }
     by_variant
         .into_iter()
-        .map(|(variant, values)| {
+        .map(|((variant, source), values)| {
             let n = values.len() as f64;
             let mean = values.iter().sum::<f64>() / n;
             let var = if values.len() > 1 {
@@ -361,6 +368,7 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
             let half = 1.96 * (var / n).sqrt();
             Summary {
                 variant: variant.to_string(),
+                source: source.as_str().to_string(),
                 n: values.len() as u64,
                 mean,
                 low: mean - half,
@@ -433,17 +441,29 @@ mod tests {
 
     #[test]
     fn summary_interval() {
-        let s = |variant: &str, value| Sample {
+        let s = |variant: &str, value, source| Sample {
             variant: variant.into(),
             unit: "u".into(),
             value,
-            source: Source::Gateway,
+            source,
         };
-        let got = summarize(&[s("a", 1.0), s("a", 3.0), s("b", 5.0)]);
+        let got = summarize(&[
+            s("a", 1.0, Source::Gateway),
+            s("a", 3.0, Source::Gateway),
+            s("b", 5.0, Source::Gateway),
+            s("b", 7.0, Source::Shadow),
+        ]);
         assert_eq!(got[0].n, 2);
         assert_eq!(got[0].mean, 2.0);
         let half = 1.96 * (2.0f64 / 2.0).sqrt();
         assert!((got[0].high - (2.0 + half)).abs() < 1e-12);
         assert_eq!((got[1].low, got[1].high), (5.0, 5.0));
+        // A variant's shadow samples are their own row, never averaged with its live ones.
+        assert_eq!(got.len(), 3);
+        assert_eq!(
+            (got[2].variant.as_str(), got[2].source.as_str()),
+            ("b", "shadow")
+        );
+        assert_eq!(got[2].mean, 7.0);
     }
 }
