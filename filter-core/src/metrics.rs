@@ -15,6 +15,8 @@
 //! ("Metrics"). Values never carry a user id, a header or a body: only policy names
 //! (rings, variants), sources, outcomes and status codes.
 
+use std::fmt::Write as _;
+
 /// One count of one counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter<'a> {
@@ -176,67 +178,125 @@ impl Counter<'_> {
         }
     }
 
+    /// A count made on every request (requests, decisions, auth failures, tokens, cost):
+    /// both builds add these up in the worker and hand the sums to Envoy once a tick
+    /// (a second), since a call into Envoy per count cost a wasm request more than its
+    /// decision did. The others are rare, or counted where no tick runs (the per-attempt
+    /// stage), and go to Envoy at once.
+    pub fn per_request(&self) -> bool {
+        match self {
+            Counter::Requests { .. }
+            | Counter::Decisions { .. }
+            | Counter::AuthFailures
+            | Counter::Tokens { .. }
+            | Counter::CostMicroUsd { .. } => true,
+            Counter::KillswitchFetch { .. }
+            | Counter::UpstreamAuthErrors { .. }
+            | Counter::ShadowJobs { .. }
+            | Counter::AttemptRewrites
+            | Counter::Panics => false,
+        }
+    }
+
     /// The tag values, in the order of [`Definition::tags`].
     pub fn values(&self) -> Vec<String> {
+        let mut values = Vec::with_capacity(self.definition().tags.len());
+        self.each_value(&mut |value| {
+            values.push(match value {
+                TagValue::Text(text) => text.to_string(),
+                TagValue::Number(n) => n.to_string(),
+            })
+        });
+        values
+    }
+
+    /// Each tag value, in the order of [`Definition::tags`], borrowed: the wasm build
+    /// names a counter on every count, and allocating each value for it cost more than
+    /// the count itself.
+    fn each_value(&self, f: &mut dyn FnMut(TagValue<'_>)) {
+        fn variant(v: Option<&str>) -> TagValue<'_> {
+            TagValue::Text(v.unwrap_or("none"))
+        }
         match *self {
             Counter::Requests {
                 ring,
-                variant,
+                variant: v,
                 status,
-            } => vec![
-                ring.to_string(),
-                variant.unwrap_or("none").to_string(),
-                status.to_string(),
-            ],
+            } => {
+                f(TagValue::Text(ring));
+                f(variant(v));
+                f(TagValue::Number(status));
+            }
             Counter::Decisions {
                 ring,
-                variant,
+                variant: v,
                 source,
-            } => vec![
-                ring.to_string(),
-                variant.unwrap_or("none").to_string(),
-                source.to_string(),
-            ],
-            Counter::KillswitchFetch { outcome } | Counter::ShadowJobs { outcome } => {
-                vec![outcome.to_string()]
+            } => {
+                f(TagValue::Text(ring));
+                f(variant(v));
+                f(TagValue::Text(source));
             }
-            Counter::UpstreamAuthErrors { upstream } => vec![upstream.to_string()],
+            Counter::KillswitchFetch { outcome } | Counter::ShadowJobs { outcome } => {
+                f(TagValue::Text(outcome));
+            }
+            Counter::UpstreamAuthErrors { upstream } => f(TagValue::Text(upstream)),
             Counter::Tokens {
                 ring,
-                variant,
+                variant: v,
                 upstream,
                 kind,
-            } => vec![
-                ring.to_string(),
-                variant.unwrap_or("none").to_string(),
-                none_if_empty(upstream).to_string(),
-                kind.as_str().to_string(),
-            ],
+            } => {
+                f(TagValue::Text(ring));
+                f(variant(v));
+                f(TagValue::Text(none_if_empty(upstream)));
+                f(TagValue::Text(kind.as_str()));
+            }
             Counter::CostMicroUsd {
                 ring,
-                variant,
+                variant: v,
                 upstream,
-            } => vec![
-                ring.to_string(),
-                variant.unwrap_or("none").to_string(),
-                none_if_empty(upstream).to_string(),
-            ],
-            Counter::AuthFailures | Counter::AttemptRewrites | Counter::Panics => Vec::new(),
+            } => {
+                f(TagValue::Text(ring));
+                f(variant(v));
+                f(TagValue::Text(none_if_empty(upstream)));
+            }
+            Counter::AuthFailures | Counter::AttemptRewrites | Counter::Panics => {}
         }
     }
 
     /// The name with its tags in it (the wasm build's stats name).
     pub fn dotted(&self) -> String {
-        let d = self.definition();
-        let mut name = d.stat_name();
-        for (tag, value) in d.tags.iter().zip(self.values()) {
-            name.push('.');
-            name.push_str(tag);
-            name.push('.');
-            name.push_str(&clean(&value));
-        }
+        let mut name = String::new();
+        self.write_dotted(&mut name);
         name
     }
+
+    /// [`Counter::dotted`] appended to `out`, allocating nothing when `out` has room.
+    pub fn write_dotted(&self, out: &mut String) {
+        let d = self.definition();
+        out.push_str(PREFIX);
+        out.push('.');
+        out.push_str(d.name);
+        let mut tags = d.tags.iter();
+        self.each_value(&mut |value| {
+            out.push('.');
+            out.push_str(tags.next().copied().unwrap_or_default());
+            out.push('.');
+            match value {
+                TagValue::Text(text) => push_clean(out, text),
+                TagValue::Number(n) => {
+                    // Writing to a String cannot fail.
+                    let _ = write!(out, "{n}");
+                }
+            }
+        });
+    }
+}
+
+/// One tag value as [`Counter::each_value`] lends it.
+enum TagValue<'a> {
+    Text(&'a str),
+    Number(u32),
 }
 
 fn none_if_empty(value: &str) -> &str {
@@ -248,18 +308,15 @@ pub fn label(tag: &str) -> String {
     format!("{PREFIX}_{tag}")
 }
 
-/// A tag value safe in a dotted stats name and a Prometheus label.
-fn clean(value: &str) -> String {
-    value
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+/// `value` appended to `out`, made safe in a dotted stats name and a Prometheus label.
+fn push_clean(out: &mut String, value: &str) {
+    out.extend(value.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            c
+        } else {
+            '_'
+        }
+    }));
 }
 
 #[cfg(test)]

@@ -38,28 +38,18 @@ impl Telemetry for NativeHost<'_> {
         log(level, message);
     }
 
-    /// Per-request counts (requests, decisions, tokens, cost) go to the tally (handed to
-    /// Envoy on the next tick); the others, rare, to Envoy at once; the per-attempt
-    /// stage's (no counters of its own) to [`STAGE_COUNTS`], handed over on the next tick
-    /// too.
+    /// Per-request counts ([`Counter::per_request`]) go to the tally (handed to Envoy on
+    /// the next tick); the others, rare, to Envoy at once; the per-attempt stage's (no
+    /// counters of its own) to [`STAGE_COUNTS`], handed over on the next tick too.
     fn add(&self, counter: Counter<'_>, amount: u64) {
         let id = self.meter.id(&counter);
-        match counter {
-            Counter::Requests { .. }
-            | Counter::Decisions { .. }
-            | Counter::AuthFailures
-            | Counter::Tokens { .. }
-            | Counter::CostMicroUsd { .. } => {
-                self.meter.tally.add(id, &counter.values(), amount);
-            }
-            Counter::KillswitchFetch { .. }
-            | Counter::UpstreamAuthErrors { .. }
-            | Counter::ShadowJobs { .. }
-            | Counter::AttemptRewrites
-            | Counter::Panics => match id {
-                Some(id) => self.s.increment(id, &counter.values(), amount),
-                None => STAGE_COUNTS.add(&counter, amount),
-            },
+        if counter.per_request() {
+            self.meter.tally.add(id, &counter.values(), amount);
+            return;
+        }
+        match id {
+            Some(id) => self.s.increment(id, &counter.values(), amount),
+            None => STAGE_COUNTS.add(&counter, amount),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use foldhash::fast::FixedState;
 use halo_envoy_config::evidence::Fact;
 use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_filter_core::attempt::ATTEMPT_PROPERTY;
@@ -33,9 +34,16 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-/// This VM's metric ids by name (a name is defined once per VM).
+/// This VM's metric ids by name (a name is defined once per VM), the buffer a counter's
+/// name is written into on each count (counting allocates nothing once the name is
+/// known), and the per-request counts not yet handed to Envoy ([`Counter::per_request`]:
+/// summed here, handed over on the root's tick as the native build does).
 #[derive(Default)]
-struct Metrics(RefCell<HashMap<String, u32>>);
+struct Metrics {
+    ids: RefCell<HashMap<String, u32, FixedState>>,
+    name: RefCell<String>,
+    tally: RefCell<HashMap<u32, u64, FixedState>>,
+}
 
 impl Telemetry for Metrics {
     fn log(&self, level: Level, message: &str) {
@@ -49,23 +57,43 @@ impl Telemetry for Metrics {
     }
 
     fn add(&self, counter: Counter<'_>, amount: u64) {
-        if let Some(id) = self.define(counter.dotted()) {
-            let _ = hostcalls::increment_metric(id, i64::try_from(amount).unwrap_or(i64::MAX));
+        let id = {
+            let mut name = self.name.borrow_mut();
+            name.clear();
+            counter.write_dotted(&mut name);
+            self.define(&name)
+        };
+        let Some(id) = id else { return };
+        if counter.per_request() {
+            *self.tally.borrow_mut().entry(id).or_default() += amount;
+        } else {
+            increment(id, amount);
         }
     }
 }
 
+fn increment(id: u32, amount: u64) {
+    let _ = hostcalls::increment_metric(id, i64::try_from(amount).unwrap_or(i64::MAX));
+}
+
 impl Metrics {
     /// The id of counter `name`, defined in this VM on first use.
-    fn define(&self, name: String) -> Option<u32> {
-        let known = self.0.borrow().get(&name).copied();
+    fn define(&self, name: &str) -> Option<u32> {
+        let known = self.ids.borrow().get(name).copied();
         match known {
             Some(id) => Some(id),
             None => {
-                let id = hostcalls::define_metric(MetricType::Counter, &name).ok()?;
-                self.0.borrow_mut().insert(name, id);
+                let id = hostcalls::define_metric(MetricType::Counter, name).ok()?;
+                self.ids.borrow_mut().insert(name.to_owned(), id);
                 Some(id)
             }
+        }
+    }
+
+    /// Hand the summed per-request counts to Envoy.
+    fn flush(&self) {
+        for (id, amount) in self.tally.borrow_mut().drain() {
+            increment(id, amount);
         }
     }
 
@@ -73,7 +101,7 @@ impl Metrics {
     /// build's do) instead of missing.
     fn define_untagged(&self) {
         for d in metrics::ALL.iter().filter(|d| d.tags.is_empty()) {
-            let _ = self.define(d.stat_name());
+            let _ = self.define(&d.stat_name());
         }
     }
 }
@@ -113,6 +141,12 @@ fn now_ms() -> i64 {
 }
 
 impl Context for Root {
+    /// The configuration is going away: the summed counts are handed over first.
+    fn on_done(&mut self) -> bool {
+        self.metrics.flush();
+        true
+    }
+
     fn on_http_call_response(
         &mut self,
         token: u32,
@@ -177,9 +211,8 @@ impl RootContext for Root {
                 return false;
             }
         };
-        if cfg.kill_switch.as_ref().is_some_and(|k| k.key.is_ok()) {
-            self.set_tick_period(Duration::from_secs(1));
-        }
+        // Every second: hand over the counts, and poll the kill list when one is set.
+        self.set_tick_period(Duration::from_secs(1));
         let enforced = Enforced::start(&cfg, now_ms() / 1000, &*self.metrics);
         let state = State { cfg, enforced };
         publish(&state);
@@ -188,6 +221,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        self.metrics.flush();
         let mut guard = self.state.borrow_mut();
         let Some(state) = guard.as_mut() else { return };
         let Some(ks) = state.cfg.kill_switch.clone().filter(|k| k.key.is_ok()) else {
