@@ -16,7 +16,7 @@ use halo_filter_core::pipeline::{PrefixEdit, VerifiedClaims};
 
 use crate::body_edit;
 use crate::ffi::envoy::{Body, Stream, log};
-use crate::plugin::{Meter, STAGE_COUNTS};
+use crate::plugin::{Meter, OutboxJob, STAGE_COUNTS};
 
 const JWT_METADATA: &str = "envoy.filters.http.jwt_authn";
 
@@ -219,6 +219,16 @@ impl Host for NativeHost<'_> {
         {
             pairs.push(("host", authority.as_str()));
         }
-        self.s.call_out(cluster, &pairs, body, timeout_ms)
+        // Started by the main thread as the configuration's, not this stream's: a
+        // stream's callout ends with the stream ([`crate::plugin::Outbox`]).
+        self.meter.outbox.push(OutboxJob {
+            cluster: cluster.to_string(),
+            headers: pairs
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_vec(),
+            timeout_ms,
+        })
     }
 }

@@ -45,6 +45,8 @@ pub struct Meter {
     pub shadow_jobs: Option<usize>,
     /// Counts waiting for the next tick.
     pub tally: Tally,
+    /// Shadow jobs waiting for the main thread.
+    pub outbox: Outbox,
 }
 
 impl Meter {
@@ -147,6 +149,71 @@ impl Tally {
     }
 }
 
+/// Shadow jobs on their way from a stream to the main thread, which starts each as a
+/// configuration-level callout. Why not the stream's own callout: Envoy cancels a
+/// stream's callouts when the stream ends, so a live call answered before its job was
+/// delivered (a fast provider, a service slow to take it) lost the job
+/// (tests/tests/shadow.rs, "a job outlives its live call"). A configuration's callout
+/// belongs to no stream. The cost is one cross-thread wake per job; the main thread does
+/// the job's HTTP work, bounded as every job by the `halo-shadow` cluster's breakers.
+#[derive(Default)]
+pub struct Outbox {
+    jobs: Mutex<OutboxJobs>,
+    /// Set while the configuration lives (cleared by [`RequestPlugin::stop`], so the
+    /// scheduler is deleted with the ticker, on the main thread).
+    waker: Mutex<Option<Arc<Scheduler>>>,
+}
+
+#[derive(Default)]
+struct OutboxJobs {
+    waiting: std::collections::VecDeque<OutboxJob>,
+    bytes: usize,
+}
+
+/// One job as the stream handed it over.
+pub struct OutboxJob {
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// The most job bytes waiting for the main thread; more is refused (counted `not_sent`
+/// by the core). The main thread is woken per job, so this holds only a burst.
+const OUTBOX_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// The event that wakes the main thread for waiting shadow jobs.
+pub const SHADOW_EVENT: u64 = 2;
+
+impl Outbox {
+    /// Hand `job` to the main thread; false when it cannot take it (the configuration is
+    /// going away, or too much is waiting).
+    pub fn push(&self, job: OutboxJob) -> bool {
+        let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(waker) = waker.as_ref() else {
+            return false;
+        };
+        {
+            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let size = job.body.len();
+            if jobs.bytes.saturating_add(size) > OUTBOX_MAX_BYTES {
+                return false;
+            }
+            jobs.bytes += size;
+            jobs.waiting.push_back(job);
+        }
+        waker.wake(SHADOW_EVENT);
+        true
+    }
+
+    /// Every job waiting now.
+    fn take(&self) -> Vec<OutboxJob> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.bytes = 0;
+        jobs.waiting.drain(..).collect()
+    }
+}
+
 /// The request filter's configuration.
 pub struct RequestPlugin {
     pub cfg: Config,
@@ -185,7 +252,7 @@ const TICK: Duration = Duration::from_secs(1);
 struct Ticker {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,
-    _scheduler: Arc<Scheduler>,
+    scheduler: Arc<Scheduler>,
 }
 
 impl Drop for Ticker {
@@ -231,6 +298,7 @@ impl Plugin {
             upstream_auth_errors: define(envoy, metrics::UPSTREAM_AUTH_ERRORS),
             shadow_jobs: define(envoy, metrics::SHADOW_JOBS),
             tally: Tally::default(),
+            outbox: Outbox::default(),
         };
         let start = Starting {
             envoy,
@@ -249,7 +317,14 @@ impl Plugin {
             meter,
             cfg,
         };
-        *plugin.ticker.lock().unwrap_or_else(|e| e.into_inner()) = Some(Ticker::start(envoy));
+        let ticker = Ticker::start(envoy);
+        *plugin
+            .meter
+            .outbox
+            .waker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(ticker.scheduler.clone());
+        *plugin.ticker.lock().unwrap_or_else(|e| e.into_inner()) = Some(ticker);
         Ok(Plugin::Request(Box::new(plugin)))
     }
 }
@@ -292,7 +367,7 @@ impl Ticker {
         Ticker {
             stop: Some(stop),
             thread,
-            _scheduler: scheduler,
+            scheduler,
         }
     }
 }
@@ -303,8 +378,43 @@ impl RequestPlugin {
     /// longer, and the last of them may end on a worker thread; the scheduler must not
     /// outlive Envoy's side of the configuration, nor be deleted from a worker.
     pub fn stop(&self, _main: &MainThread<'_>) {
+        // No stream wakes the scheduler after this; jobs still waiting are dropped.
+        self.meter
+            .outbox
+            .waker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(self.meter.outbox.take());
         let ticker = self.ticker.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(ticker);
+    }
+
+    /// Start every waiting shadow job as a configuration-level callout (main thread). Its
+    /// answer comes to `config_http_callout_done`, where only the kill-list poll's id is
+    /// read; a job Envoy refuses to start is logged (the core counted it `sent` when the
+    /// stream handed it over).
+    pub fn send_shadow_jobs(&self, main: &MainThread<'_>) {
+        let envoy = self.envoy.on(main);
+        for job in self.meter.outbox.take() {
+            let headers: Vec<(&str, &str)> = job
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            if envoy
+                .call_out(&job.cluster, &headers, &job.body, job.timeout_ms)
+                .is_none()
+            {
+                log(
+                    Level::Warn,
+                    &format!(
+                        "halo: Envoy refused a shadow job's callout to cluster {}",
+                        job.cluster
+                    ),
+                );
+            }
+        }
     }
 
     fn telemetry<'h>(&'h self, main: &'h MainThread<'_>) -> Starting<'h> {
@@ -361,7 +471,7 @@ fn call_out(envoy: ConfigHandle<'_>, ks: &KillSwitchSettings) -> Option<u64> {
             ("authorization", auth.as_str()),
             ("accept", "application/json"),
         ];
-        envoy.call_out(&ks.cluster, &headers, 5_000)
+        envoy.call_out(&ks.cluster, &headers, &[], 5_000)
     }
 }
 

@@ -231,7 +231,35 @@ async fn shadow_jobs_through_envoy() {
     assert_eq!(answer.status, 200);
     assert!(series(&s.gw, "halo_shadow_jobs{halo_outcome=\"too_large\"}") >= 1);
 
-    // 5. The live call's answer is the same bytes and on time whatever the mirror
+    // 5. A job outlives its live call: the service takes 500 ms to acknowledge a job, the
+    //    provider answers at once, so each live call ends first; every job is still
+    //    delivered and acknowledged (Envoy cancels a stream's own callouts when the
+    //    stream ends: the native module's jobs were lost so).
+    let acked = || {
+        s.gw.envoy
+            .stat("cluster.halo-shadow.upstream_rq_2xx")
+            .unwrap_or(0)
+    };
+    let before = acked();
+    s.mirror.set(Mode::Slow(Duration::from_millis(500)));
+    for i in 0..5 {
+        let (answer, _) = s
+            .call(&first_turn("sh1", &format!("marker-outlives-{i}")))
+            .await;
+        assert_eq!(answer.status, 200);
+    }
+    let deadline = Instant::now() + ARRIVAL;
+    while acked() < before + 5 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 5 jobs acknowledged after their live calls ended",
+            acked() - before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.mirror.set(Mode::Take);
+
+    // 6. The live call's answer is the same bytes and on time whatever the mirror
     //    service does: taking, slow (10 s), failing (500), stopped.
     let reference = |marker: &str| first_turn("sh1", marker);
     let (baseline, baseline_time) = s.call(&reference("marker-ref")).await;

@@ -283,15 +283,6 @@ unsafe extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
         scheduler: ConfigSchedulerPtr,
     );
-    pub fn envoy_dynamic_module_callback_http_filter_http_callout(
-        filter: FilterEnvoyPtr,
-        callout_id: *mut u64,
-        cluster_name: ModuleBuffer<'_>,
-        headers: *const ModuleHeader<'_>,
-        headers_size: usize,
-        body: ModuleBuffer<'_>,
-        timeout_milliseconds: u64,
-    ) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
         config: FilterConfigEnvoyPtr,
         callout_id: *mut u64,

@@ -313,34 +313,6 @@ impl Stream<'_> {
         }
     }
 
-    /// Start a callout of this stream to `cluster` (headers must include `:method`,
-    /// `:path` and `host`) carrying `body`, whose answer nobody waits for (it comes to
-    /// `http_callout_done`, which ignores it; Envoy cancels the call if the stream ends
-    /// first). False when Envoy refused to start it.
-    pub fn call_out(
-        self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout_ms: u64,
-    ) -> bool {
-        let headers = module_headers(headers);
-        let mut id = 0u64;
-        // SAFETY: live stream (type invariant); Envoy copies every buffer before returning.
-        let result = unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_http_callout(
-                self.ptr,
-                &mut id,
-                buf(cluster),
-                headers.as_ptr(),
-                headers.len(),
-                ModuleBuffer::of(body),
-                timeout_ms,
-            )
-        };
-        result == abi::CALLOUT_INIT_SUCCESS
-    }
-
     /// Store `value` in the stream's filter state under `key` (upstream filters of every
     /// attempt share the stream's filter state).
     pub fn set_filter_state(self, key: &str, value: &[u8]) {
@@ -609,9 +581,16 @@ impl ConfigHandle<'_> {
         })
     }
 
-    /// Start a GET-style call to `cluster` (headers must include `:method`, `:path` and
-    /// `host`); its answer comes to `config_http_callout_done` with the returned id.
-    pub fn call_out(self, cluster: &str, headers: &[(&str, &str)], timeout_ms: u64) -> Option<u64> {
+    /// Start a call to `cluster` (headers must include `:method`, `:path` and `host`)
+    /// carrying `body` (none when empty); its answer comes to `config_http_callout_done`
+    /// with the returned id. It belongs to the configuration, not to a stream.
+    pub fn call_out(
+        self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Option<u64> {
         let headers = module_headers(headers);
         let mut id = 0u64;
         // SAFETY: live configuration, main thread; Envoy copies every buffer.
@@ -622,7 +601,11 @@ impl ConfigHandle<'_> {
                 buf(cluster),
                 headers.as_ptr(),
                 headers.len(),
-                ModuleBuffer::NULL,
+                if body.is_empty() {
+                    ModuleBuffer::NULL
+                } else {
+                    ModuleBuffer::of(body)
+                },
                 timeout_ms,
             )
         };

@@ -33,7 +33,9 @@ use super::abi::{
 };
 use super::envoy::{ConfigPtr, MainThread, Stream, log};
 use crate::host::NativeHost;
-use crate::plugin::{AttemptPlugin, Meter, Plugin, RequestPlugin, STAGE_COUNTS, TICK_EVENT};
+use crate::plugin::{
+    AttemptPlugin, Meter, Plugin, RequestPlugin, SHADOW_EVENT, STAGE_COUNTS, TICK_EVENT,
+};
 
 /// A stream's filter: the flow and its configuration.
 // One per stream and boxed once (`filter_new`): boxing the larger variant as well would
@@ -280,10 +282,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     // SAFETY: a live config (Envoy's contract).
     unsafe {
         with_config(config, |c| {
-            if let Config::Request(p) = c
-                && event_id == TICK_EVENT
-            {
-                config_hook("config_scheduled", |main| p.on_tick(main));
+            if let Config::Request(p) = c {
+                match event_id {
+                    TICK_EVENT => {
+                        config_hook("config_scheduled", |main| p.on_tick(main));
+                    }
+                    SHADOW_EVENT => {
+                        config_hook("config_scheduled", |main| p.send_shadow_jobs(main));
+                    }
+                    _ => {}
+                }
             }
         });
     }
