@@ -343,7 +343,7 @@ pub struct BudgetService {
     /// lets calls through uncounted, `closed` refuses them.
     #[serde(default)]
     pub on_service_down: OnServiceDown,
-    /// How long Envoy waits for the budget check, in milliseconds (default 200).
+    /// How long Envoy waits for the budget check, in milliseconds (default 1000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u32>,
 }

@@ -25,7 +25,9 @@
 //! comma-separated; default 4,100,1024), HALO_BENCH_NO_JWT (the filter alone, no
 //! jwt_authn), HALO_BENCH_BUILDS (`wasm,native` by default), HALO_BENCH_BASELINE_WASM and
 //! HALO_BENCH_BASELINE_NATIVE (an earlier build's module: run beside the build and compared
-//! with it, paired, in the same run). HALO_BENCH_LOAD=1 also runs
+//! with it, paired, in the same run), HALO_BENCH_BUDGETS=0 (leave out the budget arm: each
+//! build with Envoy's budget check asking halo-server's budget service, paired with the same
+//! build without budgets). HALO_BENCH_LOAD=1 also runs
 //! the closed-loop load table (each Envoy in turn, HALO_BENCH_CONNS connections, default
 //! 4; HALO_BENCH_REPS interleaved repetitions with medians, default 1).
 //!
@@ -498,6 +500,48 @@ fn sizes_kib() -> Vec<usize> {
     }
 }
 
+/// The budget service's token in the bench.
+const BUDGET_TOKEN: &str = "9d3b7f1a2c6e4058b1a7f3c9e2d5b8a0c4f6e1d3a9b7c5e2f0a8d6b4c2e1f3a5";
+
+/// halo-server's budget service on loopback, its counts in an embedded store under `dir`,
+/// serving `snap` plus a budget the bench's caller is under and never spends; and that
+/// policy.
+async fn budget_service(
+    snap: &halo_policy::Snapshot,
+    dir: &std::path::Path,
+) -> (halo_server::budget::BudgetServer, halo_policy::Snapshot) {
+    let mut budgeted = snap.clone();
+    let budget: halo_policy::types::Budget = serde_json::from_value(json!({
+        "appliesTo": {"users": ["dave@acme.test"]},
+        "period": "day",
+        "limit": {"tokens": 1_000_000_000_000u64},
+    }))
+    .expect("a budget");
+    budgeted.budgets.insert("bench-daily".into(), budget);
+    let token_file = dir.join("budget.token");
+    std::fs::write(&token_file, BUDGET_TOKEN).expect("the budget token");
+    let served = halo_xds::Served {
+        org: halo_policy::Org::default(),
+        version: budgeted.version(),
+        compiled: budgeted.clone(),
+    };
+    let (_, policy) = tokio::sync::watch::channel(Arc::new(served));
+    let service = halo_server::budget::start(
+        &halo_server::budget::BudgetSettings {
+            listen: Some("127.0.0.1:0".parse().expect("addr")),
+            token_file: Some(token_file),
+        },
+        None,
+        Some(dir),
+        policy,
+        None,
+    )
+    .await
+    .expect("the budget service")
+    .expect("listening");
+    (service, budgeted)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let secs: u64 = std::env::var("HALO_BENCH_SECS")
@@ -622,6 +666,47 @@ async fn main() {
             });
         }
     }
+    // The budget check's arm (HALO_BENCH_BUDGETS=0 leaves it out): each build again,
+    // its policy with a budget for the caller (never spent) and Envoy's ratelimit filter
+    // asking halo-server's budget service (in this process, its counts in an embedded
+    // store), compared with the same build without budgets.
+    let budget_dir = tempfile::tempdir().expect("budget dir");
+    let budget = if std::env::var("HALO_BENCH_BUDGETS").map_or(true, |v| v != "0") {
+        Some(budget_service(&snap, budget_dir.path()).await)
+    } else {
+        None
+    };
+    let budgeted: Vec<(String, String, Gateway)> = match &budget {
+        None => Vec::new(),
+        Some((service, budgeted_snap)) => builds
+            .iter()
+            .map(|build| {
+                let name = format!("halo {build}");
+                let module = modules
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, m)| m.clone())
+                    .expect("the build's module");
+                let mut opts = GatewayOptions {
+                    wasm_path: Some(module),
+                    budgets: Some(halo_envoy_config::evidence::Export {
+                        url: format!("http://{}", service.addr),
+                        token_file: None,
+                        token: BUDGET_TOKEN.into(),
+                    }),
+                    ..GatewayOptions::default()
+                };
+                if no_jwt {
+                    opts.settings = json!({"identity": {"mode": "none"}});
+                }
+                (
+                    format!("{name} budgets on"),
+                    name,
+                    Gateway::start(budgeted_snap.clone(), opts),
+                )
+            })
+            .collect(),
+    };
     let url_of = |name: &str| {
         gateways
             .iter()
@@ -653,6 +738,7 @@ async fn main() {
     envoys.push(&bare_again);
     envoys.extend(gateways.iter().map(|(_, gw)| &gw.envoy));
     envoys.extend(shadows.iter().flat_map(|a| [&a.up.envoy, &a.down.envoy]));
+    envoys.extend(budgeted.iter().map(|(_, _, gw)| &gw.envoy));
     pin(&envoys);
 
     let bare_url = &baselines[0].2;
@@ -702,6 +788,13 @@ async fn main() {
                 print_fate(&before, &shadow_fate(gw, mirror));
             }
             arms.mirror.set(Mode::Take);
+        }
+        // Each build with the budget check against the same build without.
+        for (name, off, gw) in &budgeted {
+            let on = format!("{}/v1/messages", gw.base);
+            paired(&url_of(off), &on, Some(&token), &b, secs)
+                .await
+                .print(&label, &format!("{name} vs off"));
         }
         // Each build against its baseline directly: what the change between them costs.
         for (current, baseline) in &baselines_of {

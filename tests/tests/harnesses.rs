@@ -128,7 +128,7 @@ fn write_policy(dir: &Path, issuer: &str, provider: &str, gateway_extra: &str) {
 
 /// The developer's daily budget in the budget fixture: one token, so one call spends it.
 const BUDGET: &str = "dev-daily";
-const BUDGET_YAML: &str = "budgets:\n  dev-daily:\n    appliesTo: {users: [dev@acme.test]}\n    period: day\n    limit: {tokens: 1}\n# The loaded test machine: a check slower than the default 200 ms would fail open.\nbudgetService: {timeoutMs: 2000}\n";
+const BUDGET_YAML: &str = "budgets:\n  dev-daily:\n    appliesTo: {users: [dev@acme.test]}\n    period: day\n    limit: {tokens: 1}\n# The loaded test machine: a check slower than the default 1 s would fail open.\nbudgetService: {timeoutMs: 2000}\n";
 const BUDGET_TOKEN: &str = "6b1f0c9e2a7d4358be41f07c93a2d58e16c4b7a09f3e25d8c71a4f60b9e2d317";
 
 struct Fixture {
