@@ -254,6 +254,7 @@ pub async fn start_with(
             &settings.shadow,
             listener,
             source.served(),
+            xds.as_ref().map(|x| x.hosts.clone()).unwrap_or_default(),
             store,
         )?),
         _ => None,

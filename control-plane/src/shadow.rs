@@ -17,10 +17,15 @@
 //! day; over it: `over_budget`). Answers are counted by status
 //! (`halo_server_shadow_answers_total{status}`).
 //!
-//! Credentials: a policy upstream's `credential` (environment variable or file, read at
-//! use time) as the kind's key header, only to the host the gateway plan would send it
-//! to ([`halo_envoy_config::credentials::key_header`]). Kinds whose credential is not a
-//! key (bedrock's SigV4, vertex's minted token) are not sent (`unsupported_kind`).
+//! Credentials: what the gateway plan gives the upstream's attempts, decided by the plan's
+//! own code ([`halo_envoy_config::credentials::target_credential`]) with the gateway
+//! settings halo-server serves over xDS (`upstreamHosts`, `upstreamHeaders`; none without
+//! `--xds-listen`): the operator's `upstreamHeaders` (`${VAR}` from this process's
+//! environment; one missing: `header_missing`), then the policy upstream's key
+//! (environment variable or file, read at use time) in the kind's header, only to a host
+//! the plan would send it to (else `key_host_refused`). Not sent yet: bedrock's SigV4
+//! signature and vertex's minted token (`unsupported_kind`). The job's path is the
+//! attempt's (the gateway too sends no upstream URL path prefix).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,6 +38,9 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use halo_envoy_config::credentials::{
+    Hosts, SecretSource, TargetCredential, expand_header_value, target_credential,
+};
 use halo_envoy_config::shadow::ShadowJob;
 use halo_evidence::{Record, Source, Stamped, Store};
 use halo_policy::types::UpstreamKind;
@@ -141,7 +149,7 @@ impl ShadowMetrics {
     pub fn render(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::from(
-            "# HELP halo_server_shadow_jobs_total Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, unsupported_kind, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.\n# TYPE halo_server_shadow_jobs_total counter\n",
+            "# HELP halo_server_shadow_jobs_total Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, unsupported_kind, header_missing, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.\n# TYPE halo_server_shadow_jobs_total counter\n",
         );
         for (outcome, n) in self.jobs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(
@@ -198,6 +206,8 @@ struct Intake {
 /// What a worker needs.
 struct Work {
     policy: watch::Receiver<Arc<Served>>,
+    /// The served gateway settings' credential settings (none without xDS).
+    hosts: Hosts,
     store: Arc<dyn Store>,
     http: reqwest::Client,
     metrics: Arc<ShadowMetrics>,
@@ -214,6 +224,7 @@ pub fn start(
     settings: &ShadowSettings,
     listener: tokio::net::TcpListener,
     policy: watch::Receiver<Arc<Served>>,
+    hosts: Hosts,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<Mirror> {
     settings.check().map_err(anyhow::Error::msg)?;
@@ -233,6 +244,7 @@ pub fn start(
     });
     let work = Arc::new(Work {
         policy,
+        hosts,
         store,
         http: reqwest::Client::builder()
             .timeout(ANSWER_TIMEOUT)
@@ -382,29 +394,59 @@ impl Work {
         for (name, value) in &job.headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        if let Some(credential) = &upstream.credential {
-            let Some((name, bearer)) =
-                halo_envoy_config::credentials::key_header(upstream.kind, url.host, url.https)
-            else {
+        // What the gateway plan gives this upstream's attempts, decided by the plan's own
+        // code with the served gateway settings: the operator's headers first, then the
+        // gateway's credential (which wins, as in Envoy's chain).
+        let env = |var: &str| std::env::var(var).ok();
+        for (name, value) in self
+            .hosts
+            .upstream_headers
+            .get(&job.upstream)
+            .into_iter()
+            .flatten()
+        {
+            let Ok(value) = expand_header_value(value, env) else {
+                return "header_missing";
+            };
+            request = request.header(name.as_str(), value);
+        }
+        match target_credential(&job.upstream, upstream, &self.hosts) {
+            (TargetCredential::None, None) => {}
+            // A configured credential the plan will not send to this host.
+            (TargetCredential::None, Some(_)) | (TargetCredential::RefuseSigning { .. }, _) => {
                 return "key_host_refused";
-            };
-            let secret = match (&credential.env, &credential.file) {
-                (Some(var), _) => std::env::var(var).ok(),
-                (None, Some(file)) => std::fs::read_to_string(file).ok(),
-                (None, None) => None,
-            };
-            let Some(secret) = secret
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-            else {
-                return "key_missing";
-            };
-            let value = if bearer {
-                format!("Bearer {secret}")
-            } else {
-                secret
-            };
-            request = request.header(name, value);
+            }
+            (
+                TargetCredential::Key {
+                    header,
+                    bearer,
+                    source,
+                    ..
+                },
+                _,
+            ) => {
+                // Read at use time, as the gateway's per-attempt step does.
+                let secret = match &source {
+                    SecretSource::Env(var) => std::env::var(var).ok(),
+                    SecretSource::File(file) => std::fs::read_to_string(file).ok(),
+                };
+                let Some(secret) = secret
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                else {
+                    return "key_missing";
+                };
+                let value = if bearer {
+                    format!("Bearer {secret}")
+                } else {
+                    secret
+                };
+                request = request.header(header, value);
+            }
+            // Not sent yet: SigV4 signing and the Vertex token (see the module doc).
+            (TargetCredential::SigV4 { .. } | TargetCredential::Token { .. }, _) => {
+                return "unsupported_kind";
+            }
         }
         let body = job
             .body

@@ -31,6 +31,10 @@ pub const JWKS_RETRY: Duration = Duration::from_secs(30);
 pub struct XdsHost {
     pub addr: SocketAddr,
     pub cache: SnapshotCache,
+    /// The served gateway settings' credential settings (`upstreamHosts`,
+    /// `upstreamHeaders`, `signHosts`, `vertexTokenSds`): the mirror service sends the
+    /// gateway's requests with them.
+    pub hosts: halo_envoy_config::credentials::Hosts,
     source: Arc<PolicySource>,
     /// What is pushed with the policy: the kill list (from the kill switch) and the
     /// exhausted budgets (from the budget service, [`crate::budget`]).
@@ -298,6 +302,7 @@ pub async fn start(
         }));
     }
     let discover = gs.jwks_uri.is_none();
+    let hosts = gs.hosts();
     let (jwks_tx, jwks_rx) = watch::channel(JwksUris::new());
     let source = PolicySource::spawn_transformed(
         settings.policy_dir.clone(),
@@ -322,6 +327,7 @@ pub async fn start(
     Ok(Some(XdsHost {
         addr,
         cache,
+        hosts,
         source: Arc::new(source),
         pushed,
         tasks,

@@ -226,13 +226,39 @@ fn check_header_name(name: &str) -> Result<(), String> {
 /// followed by `{` is literal. `${` without `}`, or a name that is not
 /// `[A-Za-z_][A-Za-z0-9_]*`, is an error.
 pub fn header_value(value: &str) -> Result<String, String> {
+    walk_header_value(value, "%%", |var, out| {
+        out.push_str(&format!("%ENVIRONMENT({var})%"));
+        Ok(())
+    })
+}
+
+/// An `upstreamHeaders` value as Envoy sends it, for a sender of the gateway's requests
+/// outside Envoy (halo-server's mirror service): each `${VAR}` replaced by `env(VAR)`; a
+/// variable `env` does not have is an error naming it (never the value).
+pub fn expand_header_value(
+    value: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    walk_header_value(value, "%", |var, out| {
+        out.push_str(&env(var).ok_or_else(|| format!("environment variable {var} is not set"))?);
+        Ok(())
+    })
+}
+
+/// The one reading of an `upstreamHeaders` value: literal text (a `%` written as
+/// `percent`), and each `${VAR}` handed to `var`.
+fn walk_header_value(
+    value: &str,
+    percent: &str,
+    mut var_to: impl FnMut(&str, &mut String) -> Result<(), String>,
+) -> Result<String, String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(i) = rest.find(['$', '%']) {
         out.push_str(&rest[..i]);
         let tail = &rest[i..];
         if let Some(after) = tail.strip_prefix('%') {
-            out.push_str("%%");
+            out.push_str(percent);
             rest = after;
         } else if let Some(after) = tail.strip_prefix("${") {
             let Some(end) = after.find('}') else {
@@ -251,7 +277,7 @@ pub fn header_value(value: &str) -> Result<String, String> {
                         .into(),
                 );
             }
-            out.push_str(&format!("%ENVIRONMENT({var})%"));
+            var_to(var, &mut out)?;
             rest = &after[end + 1..];
         } else {
             out.push('$');
@@ -329,15 +355,6 @@ fn key_header_of(kind: UpstreamKind) -> Option<(&'static str, bool)> {
         UpstreamKind::Anthropic => Some(("x-api-key", false)),
         UpstreamKind::Orchestrator | UpstreamKind::Bedrock | UpstreamKind::Vertex => None,
     }
-}
-
-/// For a sender of the gateway's keys outside Envoy (halo-server's mirror service): the
-/// header a key of `kind` travels in to `host`, when this plan would send it there
-/// without `upstreamHosts` (the provider's own https host); `None` otherwise.
-pub fn key_header(kind: UpstreamKind, host: &str, https: bool) -> Option<(&'static str, bool)> {
-    key_host_allowed(kind, &host.to_ascii_lowercase(), https, &Hosts::default())
-        .then(|| key_header_of(kind))
-        .flatten()
 }
 
 fn key_host_allowed(kind: UpstreamKind, host: &str, https: bool, hosts: &Hosts) -> bool {
@@ -973,6 +990,15 @@ mod tests {
         assert!(header_value("${}").is_err());
         assert!(header_value("${1X}").is_err());
         assert!(header_value("${A-B}").is_err());
+        // The same reading, expanded outside Envoy (the mirror service).
+        let env = |v: &str| (v == "T_1").then(|| "tok".to_string());
+        assert_eq!(
+            expand_header_value("Bearer ${T_1} 100% $x", env).unwrap(),
+            "Bearer tok 100% $x"
+        );
+        let e = expand_header_value("${MISSING}", env).unwrap_err();
+        assert!(e.contains("MISSING"), "{e}");
+        assert!(expand_header_value("${OPEN", env).is_err());
     }
 
     #[test]

@@ -321,26 +321,36 @@ async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
         .await
         .expect("wire provider");
     // The policy as written (https upstreams, Okta), pointed at this test's fakes after
-    // validation; the fakes take no key.
+    // validation; openai's key is a file (the others' dropped: the fakes take no key).
+    let key_file = dir.path().join("openai.key");
+    std::fs::write(&key_file, "sk-openai-gateway-key\n").expect("key file");
+    let key_path = key_file.display().to_string();
     let (iss, url) = (issuer.url.clone(), wire.url());
     let loopback: halo_xds::source::Transform = Arc::new(move |mut snap: halo_policy::Snapshot| {
         if let Some(id) = snap.identity.as_mut() {
             id.issuer = iss.clone();
         }
-        for u in snap.upstreams.values_mut() {
+        for (name, u) in snap.upstreams.iter_mut() {
             u.url = url.clone();
-            u.credential = None;
+            u.credential = (name == "openai").then(|| halo_policy::types::Credential {
+                env: None,
+                file: Some(key_path.clone()),
+            });
         }
         snap
     });
     // The gateway file names neither the mirror service nor its token: halo-server fills
-    // both in from --shadow-listen and --shadow-token-file.
+    // both in from --shadow-listen and --shadow-token-file. Its credential settings apply
+    // to the mirrored copy as to the gateway's own attempts: the loopback fake may
+    // receive keys (upstreamHosts), and openai's attempts carry an operator header.
     let listen_port = halo_testkit::free_port();
     let gateway_file = dir.path().join("xds-gateway.yaml");
     std::fs::write(
         &gateway_file,
         format!(
-            "listenAddress: 127.0.0.1\nlistenPort: {listen_port}\nwasmPath: {}\n",
+            "listenAddress: 127.0.0.1\nlistenPort: {listen_port}\nwasmPath: {}\n\
+             upstreamHosts: [127.0.0.1]\n\
+             upstreamHeaders: {{openai: {{x-acme-org: acme-shadow}}}}\n",
             halo_testkit::filter_module().display()
         ),
     )
@@ -428,7 +438,20 @@ async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
         .find(|r| r.model().as_deref() == Some("gpt-5.1-codex"))
         .expect("the copy");
     assert_eq!(copy.path, "/v1/responses");
-    assert!(copy.header("authorization").is_none(), "{:?}", copy.headers);
+    // The gateway's own key for openai (never the caller's token) and the operator's
+    // header, as Envoy gives control's attempt.
+    assert_eq!(
+        copy.header("authorization"),
+        Some("Bearer sk-openai-gateway-key")
+    );
+    assert_eq!(copy.header("x-acme-org"), Some("acme-shadow"));
+    let live = wire
+        .received()
+        .into_iter()
+        .find(|r| r.model().as_deref() == Some("gpt-5-codex"))
+        .expect("the live call");
+    assert_eq!(live.header("authorization"), copy.header("authorization"));
+    assert_eq!(live.header("x-acme-org"), Some("acme-shadow"));
 
     // Recorded for the shadow variant, source shadow, with the answer's tokens.
     let store = halo_server::evidence::open_store(None, Some(&data)).expect("store");
