@@ -182,15 +182,23 @@ impl BudgetServer {
 
 /// How often entries whose period has ended leave the exhausted list.
 const EXPIRE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often counts older than the retention are deleted.
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Counts are kept at least this long whatever the retention: a month's count must
+/// outlive its month.
+const MIN_COUNT_RETENTION: std::time::Duration = std::time::Duration::from_secs(32 * 24 * 3600);
 
 /// Open the counts' store and serve on `--budget-listen`; `None` when it is not set. The
-/// exhausted list goes to `push` (the xDS host's), when there is one.
+/// exhausted list goes to `push` (the xDS host's), when there is one. Counts of periods
+/// that started more than `retention` ago (the evidence retention, at least 32 days) are
+/// deleted every hour.
 pub async fn start(
     settings: &BudgetSettings,
     postgres_file: Option<&std::path::Path>,
     data_dir: Option<&std::path::Path>,
     policy: watch::Receiver<Arc<Served>>,
     push: Option<watch::Sender<Pushed>>,
+    retention: std::time::Duration,
 ) -> anyhow::Result<Option<BudgetServer>> {
     let Some(listen) = settings.listen else {
         return Ok(None);
@@ -229,6 +237,26 @@ pub async fn start(
             tick.tick().await;
             let Some(b) = weak.upgrade() else { return };
             b.expire();
+        }
+    });
+    let weak = Arc::downgrade(&budgets);
+    let keep = i64::try_from(retention.max(MIN_COUNT_RETENTION).as_millis()).unwrap_or(i64::MAX);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PRUNE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(b) = weak.upgrade() else { return };
+            let before = b.clock.now_ms().saturating_sub(keep);
+            let store = Arc::clone(&b.store);
+            drop(b);
+            match tokio::task::spawn_blocking(move || store.prune_counts(before)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    tracing::info!(pruned = n, "budget counts past the retention deleted")
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "budget count retention failed"),
+                _ => {}
+            }
         }
     });
     let listener = tokio::net::TcpListener::bind(listen)

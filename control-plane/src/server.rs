@@ -214,6 +214,7 @@ pub async fn start_with(
         settings.data_dir.as_deref(),
         source.served(),
         xds.as_ref().map(|x| x.pushed.clone()),
+        settings.evidence.retention,
     )
     .await?;
     let controller = crate::controller::build(

@@ -346,6 +346,15 @@ async fn budgets_are_one_count_across_envoys_refused_in_the_wire_shape_and_reset
         after >= before + 3,
         "failure_mode_allowed {before} -> {after}"
     );
+    // What an operator alerts on, in Prometheus: per route cluster, summed.
+    let unchecked: u64 = gw
+        .envoy
+        .prometheus()
+        .lines()
+        .filter(|l| l.starts_with("envoy_cluster_ratelimit_halo_budget_failure_mode_allowed{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(unchecked, after, "the Prometheus name counts the same");
     drop(envoy2);
 }
 

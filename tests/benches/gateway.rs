@@ -535,6 +535,7 @@ async fn budget_service(
         Some(dir),
         policy,
         None,
+        halo_server::evidence::DEFAULT_RETENTION,
     )
     .await
     .expect("the budget service")

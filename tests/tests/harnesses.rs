@@ -241,6 +241,7 @@ async fn fixture_with(cli_token: Option<&str>, budget: bool) -> Fixture {
             Some(&policy.path().join("data")),
             policy_rx,
             None,
+            halo_server::evidence::DEFAULT_RETENTION,
         )
         .await
         .expect("the budget service")
