@@ -416,6 +416,11 @@ struct Sse {
     data_lines: usize,
     /// Bytes seen since the last event boundary (a blank line).
     pending: bool,
+    /// The current `event:` line's value so far (`None`: longer than any name skipped).
+    name: Option<Vec<u8>>,
+    /// The current event's name says it carries no usage ([`carries_no_usage`]): its
+    /// data is passed over unread.
+    skip: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -423,7 +428,18 @@ enum LineKind {
     #[default]
     Name,
     Data,
+    /// An `event:` line: the event's name.
+    Event,
     Other,
+}
+
+/// Whether an SSE event named `name` carries no usage in any wire the meter reads: the
+/// many small events of a stream's text (Anthropic's `content_block_delta` and `ping`,
+/// OpenAI's `response.*.delta`). Their data is most of a stream's bytes, and reading it
+/// byte by byte was most of the accounting's cost on a streamed answer. Any other name,
+/// and data before its event's name, is read.
+fn carries_no_usage(name: &[u8]) -> bool {
+    name == b"content_block_delta" || name == b"ping" || name.ends_with(b".delta")
 }
 
 impl Sse {
@@ -449,11 +465,16 @@ impl Sse {
                 LineKind::Name => {
                     if b == b':' {
                         let name = self.field.take().unwrap_or_default();
-                        self.kind = if name == b"data" {
+                        self.kind = if name == b"data" && self.skip {
+                            LineKind::Other
+                        } else if name == b"data" {
                             if self.data_lines > 0 {
                                 self.tap(dialect).feed(b"\n", found);
                             }
                             LineKind::Data
+                        } else if name == b"event" {
+                            self.name = Some(Vec::new());
+                            LineKind::Event
                         } else {
                             LineKind::Other
                         };
@@ -483,6 +504,26 @@ impl Sse {
                     self.tap(dialect).feed(&bytes[start..end], found);
                     i = end;
                 }
+                LineKind::Event => {
+                    let mut start = i;
+                    if self.skip_space {
+                        self.skip_space = false;
+                        if b == b' ' {
+                            start += 1;
+                        }
+                    }
+                    let end = bytes[start..]
+                        .iter()
+                        .position(|&c| c == b'\n' || c == b'\r')
+                        .map_or(bytes.len(), |p| start + p);
+                    if let Some(name) = self.name.as_mut() {
+                        name.extend_from_slice(&bytes[start..end]);
+                        if name.len() > 64 {
+                            self.name = None;
+                        }
+                    }
+                    i = end;
+                }
                 LineKind::Other => {
                     i = bytes[i..]
                         .iter()
@@ -502,8 +543,14 @@ impl Sse {
         let blank = self.kind == LineKind::Name && self.field.is_none();
         match self.kind {
             LineKind::Data => self.data_lines += 1,
+            // Data already read before the name is kept (a name after data is rare).
+            LineKind::Event => {
+                self.skip = self.data_lines == 0
+                    && self.event.is_none()
+                    && self.name.take().is_some_and(|n| carries_no_usage(&n));
+            }
             // `data` without a colon is a data line with an empty value.
-            LineKind::Name if self.field.as_deref() == Some(b"data") => {
+            LineKind::Name if self.field.as_deref() == Some(b"data") && !self.skip => {
                 if self.data_lines > 0 {
                     self.tap(dialect).feed(b"\n", found);
                 }
@@ -522,6 +569,8 @@ impl Sse {
             }
             self.data_lines = 0;
             self.pending = false;
+            self.skip = false;
+            self.name = None;
         }
     }
 
@@ -778,6 +827,39 @@ mod tests {
         let a = run(Dialect::Anthropic, Framing::Json, body);
         assert_eq!(a.usage.input_tokens, Some(3));
         assert!(a.complete);
+    }
+
+    /// A stream's text events are passed over unread (they carry no usage); an event
+    /// whose data comes before its name, or with any other name, is read.
+    #[test]
+    fn text_events_are_passed_over_and_others_read() {
+        let stream = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+            // Not usage by its name, though it looks like usage: passed over.
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"usage\":{\"output_tokens\":999}}\n\n",
+            "event: ping\r\ndata: {\"usage\":{\"output_tokens\":998}}\r\n\r\n",
+            "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n",
+            "event: content_block_delta\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let a = run(Dialect::Anthropic, Framing::Sse, stream.as_bytes());
+        assert_eq!(a.usage.input_tokens, Some(5));
+        // The data before its event's name was read, whatever the name.
+        assert_eq!(a.usage.output_tokens, Some(7));
+        assert!(a.complete);
+        let openai = concat!(
+            "event: response.output_text.delta\n",
+            "data: {\"type\":\"response.output_text.delta\",\"response\":{\"usage\":{\"input_tokens\":999}}}\n\n",
+            "event: response.completed\n",
+            "data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":4}}}\n\n",
+        );
+        let a = run(Dialect::OpenAiResponses, Framing::Sse, openai.as_bytes());
+        assert_eq!(
+            (a.usage.input_tokens, a.usage.output_tokens),
+            (Some(3), Some(4))
+        );
     }
 
     #[test]

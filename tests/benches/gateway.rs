@@ -30,6 +30,9 @@
 //! build without budgets). HALO_BENCH_LOAD=1 also runs
 //! the closed-loop load table (each Envoy in turn, HALO_BENCH_CONNS connections, default
 //! 4; HALO_BENCH_REPS interleaved repetitions with medians, default 1).
+//! HALO_BENCH_ANSWER=json|sse: the upstream answers as Anthropic does, with usage (a 4 KB
+//! message, or a 200-event stream), and each comparison prints the time to first byte
+//! too: the response accounting's cost (issue 21).
 //!
 //! The shadow arms (issue 24): per build, the same gateway with a shadow experiment
 //! enrolling the caller on every step (each bench request becomes a mirror job) and the
@@ -150,6 +153,8 @@ async fn load(
 struct Paired {
     /// Per pair: the other Envoy's latency minus the reference's, in microseconds.
     added_us: Vec<f64>,
+    /// The same for the time to the answer's first body byte.
+    added_ttfb_us: Vec<f64>,
     reference_us: Vec<f64>,
     other_us: Vec<f64>,
 }
@@ -178,14 +183,19 @@ async fn paired(
         }
         async move {
             let t = Instant::now();
-            let resp = req.send().await.expect("send");
+            let mut resp = req.send().await.expect("send");
             assert_eq!(resp.status().as_u16(), 200, "bench request failed");
-            let _ = resp.bytes().await.expect("body");
-            t.elapsed().as_secs_f64() * 1e6
+            let mut ttfb = None;
+            while let Some(_chunk) = resp.chunk().await.expect("body") {
+                ttfb.get_or_insert_with(|| t.elapsed().as_secs_f64() * 1e6);
+            }
+            let total = t.elapsed().as_secs_f64() * 1e6;
+            (ttfb.unwrap_or(total), total)
         }
     };
     let mut out = Paired {
         added_us: Vec::new(),
+        added_ttfb_us: Vec::new(),
         reference_us: Vec::new(),
         other_us: Vec::new(),
     };
@@ -203,9 +213,10 @@ async fn paired(
             };
             k += 1;
             if phase == 1 {
-                out.added_us.push(o - r);
-                out.reference_us.push(r);
-                out.other_us.push(o);
+                out.added_us.push(o.1 - r.1);
+                out.added_ttfb_us.push(o.0 - r.0);
+                out.reference_us.push(r.1);
+                out.other_us.push(o.1);
             }
         }
     }
@@ -216,15 +227,23 @@ impl Paired {
     /// The median added latency and its 95% confidence interval, from order statistics
     /// (no assumption about the distribution).
     fn added(&self) -> (f64, f64, f64) {
-        let mut d = self.added_us.clone();
-        d.sort_by(f64::total_cmp);
-        let n = d.len();
-        let k = ((n as f64 - 1.96 * (n as f64).sqrt()) / 2.0)
-            .floor()
-            .max(0.0) as usize;
-        (d[n / 2], d[k.min(n - 1)], d[(n - 1).saturating_sub(k)])
+        median_interval(&self.added_us)
     }
+}
 
+/// The median of `added` and its 95% confidence interval, from order statistics (no
+/// assumption about the distribution).
+fn median_interval(added: &[f64]) -> (f64, f64, f64) {
+    let mut d = added.to_vec();
+    d.sort_by(f64::total_cmp);
+    let n = d.len();
+    let k = ((n as f64 - 1.96 * (n as f64).sqrt()) / 2.0)
+        .floor()
+        .max(0.0) as usize;
+    (d[n / 2], d[k.min(n - 1)], d[(n - 1).saturating_sub(k)])
+}
+
+impl Paired {
     /// The other Envoy's one-connection requests/s over the reference's.
     fn rate_ratio(&self) -> f64 {
         self.reference_us.iter().sum::<f64>() / self.other_us.iter().sum::<f64>()
@@ -246,6 +265,15 @@ impl Paired {
             self.rate_ratio(),
             self.added_us.len(),
         );
+        // With a model's answer (HALO_BENCH_ANSWER), the first byte's time too: what the
+        // response accounting could delay.
+        if answer_shape().is_some() {
+            let (median, low, high) = median_interval(&self.added_ttfb_us);
+            println!(
+                "{:>7}  {:<38} time to first byte: added {median:>+5.0} us (95% CI {low:+.0} .. {high:+.0})",
+                "", ""
+            );
+        }
     }
 
     /// Item 11's targets at this size, if it has any: met, not met, or within the
@@ -484,6 +512,19 @@ fn micro_rewrite() {
     println!("  full serde_json::Value parse + re-serialise   {full:>9.0} us");
 }
 
+/// `HALO_BENCH_ANSWER`: `json` (a 4 KB message with usage) or `sse` (a 200-event stream
+/// with usage), as Anthropic answers: the upstream answers every request so, and each
+/// comparison prints the time to first byte too. Unset: a short JSON answer without
+/// usage (the figures before the response accounting).
+fn answer_shape() -> Option<AnswerShape> {
+    match std::env::var("HALO_BENCH_ANSWER").as_deref() {
+        Err(_) => None,
+        Ok("json") => Some(AnswerShape::Json4k),
+        Ok("sse") => Some(AnswerShape::Sse(200)),
+        Ok(other) => panic!("HALO_BENCH_ANSWER: {other:?} is not json or sse"),
+    }
+}
+
 /// The body sizes to run, in KiB: `HALO_BENCH_SIZES` (comma-separated), else the issue's
 /// 4 KB, 100 KB and 1 MB.
 fn sizes_kib() -> Vec<usize> {
@@ -556,6 +597,9 @@ async fn main() {
     let issuer = Issuer::start().await;
     let providers = Providers::start().await;
     let sink = Provider::sink("prov-a").await;
+    if let Some(shape) = answer_shape() {
+        sink.set_behaviour(Behaviour::Answer(shape));
+    }
     let mut snap = test_snapshot(&issuer.url, &providers);
     if let Some(u) = snap.upstreams.get_mut("prov-a") {
         u.url = sink.url.clone();

@@ -35,6 +35,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
 use halo_policy::Snapshot;
 use halo_policy::killswitch::{self, KillPayload};
 use halo_testkit::envoy::Envoy;
@@ -52,6 +53,12 @@ async fn serve(router: axum::Router) -> SocketAddr {
         .await
         .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
+    // Each write goes out at once, as a provider's streaming server sends it: with
+    // Nagle's algorithm a stream's second write waits for the first one's delayed ACK
+    // (40 ms on Linux loopback).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
@@ -199,6 +206,74 @@ pub enum Behaviour {
     /// 200 and the first SSE event, then, once released ([`Provider::release_stream`]),
     /// the connection is cut mid-body.
     HeadersThenReset,
+    /// A model's answer as Anthropic sends it, with usage, whatever was asked: what the
+    /// filter's response accounting reads on every call (the gateway bench's
+    /// `HALO_BENCH_ANSWER`).
+    Answer(AnswerShape),
+}
+
+/// The shape of a [`Behaviour::Answer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerShape {
+    /// One JSON message of about 4 KB of text.
+    Json4k,
+    /// An SSE stream of this many events: `message_start` (input and cache usage),
+    /// content deltas, `message_delta` (output usage) and `message_stop`; the first
+    /// event alone, the others together a millisecond later.
+    Sse(u16),
+}
+
+/// Anthropic's answer of `shape` for `model`, as [`Behaviour::Answer`] sends it.
+fn anthropic_answer(shape: AnswerShape, model: &str, provider: String) -> Response {
+    let usage = json!({"input_tokens": 1200, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 3000, "output_tokens": 850});
+    match shape {
+        AnswerShape::Json4k => {
+            let text = "The parser now reports the line and column of every error. ".repeat(68);
+            let body = json!({"id": "msg_bench", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "usage": usage});
+            (
+                [
+                    ("x-provider", provider),
+                    ("content-type", "application/json".to_string()),
+                ],
+                body.to_string(),
+            )
+                .into_response()
+        }
+        AnswerShape::Sse(events) => {
+            let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+            let first = event(
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_bench", "type": "message", "role": "assistant", "model": model,
+                    "content": [], "usage": {"input_tokens": 1200, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 3000, "output_tokens": 1}}}),
+            );
+            let mut rest = String::new();
+            for _ in 0..events.saturating_sub(3) {
+                rest.push_str(&event(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "the line and column "}}),
+                ));
+            }
+            rest.push_str(&event(
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 850}}),
+            ));
+            rest.push_str(&event("message_stop", json!({"type": "message_stop"})));
+            // The first event on its own, the rest a millisecond later: the client's first
+            // byte and its last are two moments, as with a model that streams.
+            let parts = [(Duration::ZERO, first), (Duration::from_millis(1), rest)];
+            let stream = futures_util::stream::iter(parts).then(|(pause, part)| async move {
+                tokio::time::sleep(pause).await;
+                Ok::<_, std::io::Error>(Bytes::from(part))
+            });
+            Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "text/event-stream")
+                .header("x-provider", provider)
+                .body(Body::from_stream(stream))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        }
+    }
 }
 
 /// A fake model provider on loopback.
@@ -264,12 +339,12 @@ impl Provider {
         }
     }
 
-    /// Let a gated SSE stream send its last event.
     /// Answer every request from now on with `behaviour`.
     pub fn set_behaviour(&self, behaviour: Behaviour) {
         *self.state.behaviour.lock().expect("behaviour lock") = behaviour;
     }
 
+    /// Let a gated SSE stream send its last event.
     pub fn release_stream(&self) {
         self.state.release.notify_one();
     }
@@ -283,6 +358,12 @@ async fn provider_handler(
     body: Bytes,
 ) -> Response {
     if !state.record {
+        let behaviour = *state.behaviour.lock().expect("behaviour lock");
+        if let Behaviour::Answer(shape) = behaviour {
+            // Not parsed for its model: a sink serves load, where each request's parse
+            // would be the load generator's own cost.
+            return anthropic_answer(shape, "claude-haiku-4-5", state.name.clone());
+        }
         return (
             [("x-provider", state.name.clone())],
             "{\"type\":\"message\"}",
@@ -307,6 +388,10 @@ async fn provider_handler(
     let behaviour = *state.behaviour.lock().expect("behaviour lock");
     match behaviour {
         Behaviour::Serve => {}
+        Behaviour::Answer(shape) => {
+            let model = request["model"].as_str().unwrap_or("").to_string();
+            return anthropic_answer(shape, &model, provider);
+        }
         Behaviour::Status(code) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let kind = if code == 429 {
