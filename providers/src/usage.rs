@@ -490,32 +490,12 @@ impl Sse {
                     i += 1;
                 }
                 LineKind::Data => {
-                    let mut start = i;
-                    if self.skip_space {
-                        self.skip_space = false;
-                        if b == b' ' {
-                            start += 1;
-                        }
-                    }
-                    let end = bytes[start..]
-                        .iter()
-                        .position(|&c| c == b'\n' || c == b'\r')
-                        .map_or(bytes.len(), |p| start + p);
+                    let (start, end) = self.value_in(bytes, i);
                     self.tap(dialect).feed(&bytes[start..end], found);
                     i = end;
                 }
                 LineKind::Event => {
-                    let mut start = i;
-                    if self.skip_space {
-                        self.skip_space = false;
-                        if b == b' ' {
-                            start += 1;
-                        }
-                    }
-                    let end = bytes[start..]
-                        .iter()
-                        .position(|&c| c == b'\n' || c == b'\r')
-                        .map_or(bytes.len(), |p| start + p);
+                    let (start, end) = self.value_in(bytes, i);
                     if let Some(name) = self.name.as_mut() {
                         name.extend_from_slice(&bytes[start..end]);
                         if name.len() > 64 {
@@ -532,6 +512,20 @@ impl Sse {
                 }
             }
         }
+    }
+
+    /// The part of a field's value in `bytes` from `i`: after the space that may follow
+    /// the colon, up to the line's end or the piece's.
+    fn value_in(&mut self, bytes: &[u8], i: usize) -> (usize, usize) {
+        let mut start = i;
+        if std::mem::take(&mut self.skip_space) && bytes.get(i) == Some(&b' ') {
+            start += 1;
+        }
+        let end = bytes[start..]
+            .iter()
+            .position(|&c| c == b'\n' || c == b'\r')
+            .map_or(bytes.len(), |p| start + p);
+        (start, end)
     }
 
     fn tap(&mut self, dialect: Dialect) -> &mut JsonTap {
