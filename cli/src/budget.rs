@@ -9,7 +9,7 @@ use serde_json::Value;
 use tabwriter::TabWriter;
 
 use crate::Failure;
-use crate::killswitch::{ServerArgs, call, client, token, url};
+use crate::killswitch::{ServerArgs, call, client, show, token, url};
 
 #[derive(Debug, Subcommand)]
 pub enum BudgetCommand {
@@ -41,14 +41,7 @@ pub fn run(command: BudgetCommand) -> Result<(), Failure> {
         .query(&[("user", args.user.as_str()), ("groups", groups.as_str())])
         .bearer_auth(token);
     let body = call(request, "budget status")?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&body).unwrap_or_default()
-        );
-        return Ok(());
-    }
-    print_status(&body)?;
+    show(&body, args.json, print_status)?;
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 
 use crate::Failure;
-use crate::killswitch::{ServerArgs, call, client, token, url};
+use crate::killswitch::{ServerArgs, call, client, show, token, url};
 
 #[derive(Debug, Subcommand)]
 pub enum EvidenceCommand {
@@ -53,14 +53,7 @@ pub fn run(command: EvidenceCommand) -> Result<(), Failure> {
             .bearer_auth(token),
         &format!("evidence query {}", args.experiment),
     )?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&body).unwrap_or_default()
-        );
-        return Ok(());
-    }
-    print_summary(&body)?;
+    show(&body, args.json, print_summary)?;
     Ok(())
 }
 

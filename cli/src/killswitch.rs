@@ -126,6 +126,20 @@ pub(crate) fn call(req: reqwest::blocking::RequestBuilder, what: &str) -> anyhow
     Ok(body)
 }
 
+/// Print a status answer: the server's JSON as it came with `--json`, else `table`'s
+/// rendering of it.
+pub(crate) fn show(
+    body: &Value,
+    json: bool,
+    table: impl FnOnce(&Value) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(body).unwrap_or_default());
+        return Ok(());
+    }
+    table(body)
+}
+
 /// `halo kill` (kill = true) and `halo unkill`.
 pub fn change(args: ChangeArgs, kill: bool) -> Result<(), Failure> {
     let verb = if kill { "kill" } else { "unkill" };
@@ -184,14 +198,7 @@ pub fn run(command: KillswitchCommand) -> Result<(), Failure> {
                     .bearer_auth(token),
                 "killswitch status",
             )?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&body).unwrap_or_default()
-                );
-                return Ok(());
-            }
-            print_status(&body)?;
+            show(&body, json, print_status)?;
             Ok(())
         }
     }
