@@ -204,6 +204,8 @@ impl RootContext for Root {
             Ok(Plugin::Request(cfg)) => *cfg,
             Ok(Plugin::Attempt) => {
                 self.attempt_stage = true;
+                // Its counts are handed over on the tick too, should one be per request.
+                self.set_tick_period(Duration::from_secs(1));
                 return true;
             }
             Err(e) => {
