@@ -20,6 +20,8 @@
 //!   the samples query.
 //! - [`shadow`]: the mirror service (`--shadow-listen`, `POST /mirror`): shadow jobs sent
 //!   to the shadow variant's target, their answers recorded as evidence (source shadow).
+//! - [`sigv4`]: the mirror's SigV4 signature for Bedrock jobs (the AWS SDK's signer, the
+//!   environment's key pair).
 //! - [`budget`]: the budget service (Envoy's rate-limit service), counts in the evidence
 //!   store's database.
 
@@ -36,6 +38,7 @@ pub mod listener;
 pub mod metrics;
 pub mod server;
 pub mod shadow;
+pub mod sigv4;
 pub mod store;
 pub mod throttle;
 pub mod token;

@@ -256,6 +256,7 @@ pub async fn start_with(
             listener,
             source.served(),
             xds.as_ref().map(|x| x.hosts.clone()).unwrap_or_default(),
+            xds.as_ref().map(|x| x.upstream_ca_file.as_path()),
             store,
         )?),
         _ => None,

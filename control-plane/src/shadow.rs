@@ -23,13 +23,17 @@
 //! `--xds-listen`): the operator's `upstreamHeaders` (`${VAR}` from this process's
 //! environment; one missing: `header_missing`), then the policy upstream's key
 //! (environment variable or file, read at use time) in the kind's header, only to a host
-//! the plan would send it to (else `key_host_refused`). Not sent yet: bedrock's SigV4
-//! signature and vertex's minted token (`unsupported_kind`). The job's path is the
+//! the plan would send it to (else `key_host_refused`); for vertex, the Google token in the
+//! SDS file halo-credentials keeps fresh (`vertexTokenSds`), read at use time and sent as
+//! `Authorization` as Envoy's credential injector sends it; for bedrock, a SigV4 signature
+//! over the request as sent ([`crate::sigv4`]: the AWS SDK's signer, the environment's key
+//! pair), only to an AWS host or one in `signHosts`. A credential the plan names that is
+//! not there (key, token file, AWS key pair) is `key_missing`. The job's path is the
 //! attempt's (the gateway too sends no upstream URL path prefix).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::api::ApiError;
 use crate::listener::{JsonListener, Peer};
+use crate::sigv4::{self, AwsKey};
 use crate::throttle::{Gate, Throttle};
 use crate::token::{TokenDigest, read_token_file};
 
@@ -149,7 +154,7 @@ impl ShadowMetrics {
     pub fn render(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::from(
-            "# HELP halo_server_shadow_jobs_total Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, unsupported_kind, header_missing, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.\n# TYPE halo_server_shadow_jobs_total counter\n",
+            "# HELP halo_server_shadow_jobs_total Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, header_missing, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.\n# TYPE halo_server_shadow_jobs_total counter\n",
         );
         for (outcome, n) in self.jobs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let _ = writeln!(
@@ -225,6 +230,7 @@ pub fn start(
     listener: tokio::net::TcpListener,
     policy: watch::Receiver<Arc<Served>>,
     hosts: Hosts,
+    upstream_ca_file: Option<&Path>,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<Mirror> {
     settings.check().map_err(anyhow::Error::msg)?;
@@ -246,10 +252,7 @@ pub fn start(
         policy,
         hosts,
         store,
-        http: reqwest::Client::builder()
-            .timeout(ANSWER_TIMEOUT)
-            .build()
-            .context("the mirror service's HTTP client")?,
+        http: target_client(upstream_ca_file)?,
         metrics: Arc::clone(&metrics),
         max_age: settings.max_age,
         max_spend_usd: settings.max_spend_usd,
@@ -339,6 +342,27 @@ async fn take(
     }
 }
 
+/// The client jobs are sent with: it trusts exactly the gateway's `upstreamCaFile` (as
+/// Envoy's upstream TLS does) when halo-server serves gateway settings, else the built-in
+/// roots.
+fn target_client(upstream_ca_file: Option<&Path>) -> anyhow::Result<reqwest::Client> {
+    crate::auth::install_crypto_provider();
+    let mut builder = reqwest::Client::builder().timeout(ANSWER_TIMEOUT);
+    if let Some(path) = upstream_ca_file {
+        let what = || {
+            format!(
+                "upstreamCaFile {} (the gateway settings): the mirror service verifies targets against it",
+                path.display()
+            )
+        };
+        let pem = std::fs::read(path).with_context(what)?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).with_context(what)?;
+        anyhow::ensure!(!certs.is_empty(), "{}: no PEM certificate in it", what());
+        builder = builder.tls_certs_only(certs);
+    }
+    builder.build().context("the mirror service's HTTP client")
+}
+
 /// Take jobs off the queue, at most `concurrency` at work at once.
 async fn run_workers(mut rx: mpsc::Receiver<ShadowJob>, work: Arc<Work>, concurrency: usize) {
     let slots = Arc::new(tokio::sync::Semaphore::new(concurrency));
@@ -379,21 +403,18 @@ impl Work {
         let Some(upstream) = snap.upstreams.get(&job.upstream) else {
             return "unknown_upstream";
         };
-        let Some(dialect) = dialect(upstream.kind) else {
-            return "unsupported_kind";
-        };
         let Ok(url) = halo_policy::validate::parse_http_url(&upstream.url) else {
             return "unknown_upstream";
         };
+        let dialect = dialect(upstream.kind, &job.path);
         let scheme = if url.https { "https" } else { "http" };
         let target = format!("{scheme}://{}{}", url.authority, job.path);
-        let mut request = self.http.request(
-            reqwest::Method::from_bytes(job.method.as_bytes()).unwrap_or(reqwest::Method::POST),
-            &target,
-        );
-        for (name, value) in &job.headers {
-            request = request.header(name.as_str(), value.as_str());
-        }
+        let body = job
+            .body
+            .as_ref()
+            .map(|b| b.get().as_bytes().to_vec())
+            .unwrap_or_default();
+        let mut headers = job.headers.clone();
         // What the gateway plan gives this upstream's attempts, decided by the plan's own
         // code with the served gateway settings: the operator's headers first, then the
         // gateway's credential (which wins, as in Envoy's chain).
@@ -408,7 +429,7 @@ impl Work {
             let Ok(value) = expand_header_value(value, env) else {
                 return "header_missing";
             };
-            request = request.header(name.as_str(), value);
+            set_header(&mut headers, name, value);
         }
         match target_credential(&job.upstream, upstream, &self.hosts) {
             (TargetCredential::None, None) => {}
@@ -441,18 +462,53 @@ impl Work {
                 } else {
                     secret
                 };
-                request = request.header(header, value);
+                set_header(&mut headers, header, value);
             }
-            // Not sent yet: SigV4 signing and the Vertex token (see the module doc).
-            (TargetCredential::SigV4 { .. } | TargetCredential::Token { .. }, _) => {
-                return "unsupported_kind";
+            // Envoy's credential injector sends the SDS secret's value as it is.
+            (TargetCredential::Token { secret, sds_path }, _) => {
+                match halo_credentials::sds::read_secret(Path::new(&sds_path), &secret) {
+                    Ok(value) => set_header(&mut headers, "authorization", value),
+                    Err(e) => {
+                        tracing::warn!(upstream = %job.upstream, error = %e, "shadow job: no Google token to send");
+                        return "key_missing";
+                    }
+                }
+            }
+            // Signed last, over every header sent (Host as sent: set explicitly).
+            (TargetCredential::SigV4 { region }, _) => {
+                let Some(key) = AwsKey::from_env(env) else {
+                    tracing::warn!(upstream = %job.upstream, "shadow job: no AWS key pair in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)");
+                    return "key_missing";
+                };
+                set_header(&mut headers, "host", url.authority.to_string());
+                match sigv4::sign_request(
+                    &job.method,
+                    &target,
+                    &headers,
+                    &body,
+                    &region,
+                    &key,
+                    std::time::SystemTime::now(),
+                ) {
+                    Ok(added) => {
+                        for (name, value) in added {
+                            set_header(&mut headers, &name, value);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(upstream = %job.upstream, error = %e, "shadow job: not signed");
+                        return "key_missing";
+                    }
+                }
             }
         }
-        let body = job
-            .body
-            .as_ref()
-            .map(|b| b.get().to_string())
-            .unwrap_or_default();
+        let mut request = self.http.request(
+            reqwest::Method::from_bytes(job.method.as_bytes()).unwrap_or(reqwest::Method::POST),
+            &target,
+        );
+        for (name, value) in &headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
         let started = Instant::now();
         let (status, ttfb, accounting) = match request.body(body).send().await {
             Err(e) => {
@@ -542,13 +598,23 @@ impl Work {
     }
 }
 
-/// The wire a target of `kind` answers in, for the usage meter; `None` for kinds the
-/// service does not send to (their credential is not a key).
-fn dialect(kind: UpstreamKind) -> Option<Dialect> {
+/// The wire a target of `kind` answers a job for `path` in, for the usage meter: Bedrock
+/// answers invoke in Anthropic's Messages shape and converse in its own, Vertex's
+/// rawPredict (Claude) in Anthropic's.
+fn dialect(kind: UpstreamKind, path: &str) -> Dialect {
     match kind {
-        UpstreamKind::Anthropic | UpstreamKind::Orchestrator => Some(Dialect::Anthropic),
-        UpstreamKind::Openai | UpstreamKind::AzureOpenai => Some(Dialect::OpenAiResponses),
-        UpstreamKind::Gemini => Some(Dialect::Gemini),
-        UpstreamKind::Bedrock | UpstreamKind::Vertex => None,
+        UpstreamKind::Anthropic | UpstreamKind::Orchestrator | UpstreamKind::Vertex => {
+            Dialect::Anthropic
+        }
+        UpstreamKind::Openai | UpstreamKind::AzureOpenai => Dialect::OpenAiResponses,
+        UpstreamKind::Gemini => Dialect::Gemini,
+        UpstreamKind::Bedrock => halo_policy::admit::operation_of(path)
+            .map_or(Dialect::Anthropic, |(wire, op)| Dialect::of(wire, op)),
     }
+}
+
+/// Set header `name` (case-insensitive) to `value`, replacing any earlier value.
+fn set_header(headers: &mut Vec<(String, String)>, name: &str, value: String) {
+    headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+    headers.push((name.to_string(), value));
 }

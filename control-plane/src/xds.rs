@@ -8,6 +8,7 @@
 //! document's `jwks_uri` ([`discover_jwks`]).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,9 @@ pub struct XdsHost {
     /// `upstreamHeaders`, `signHosts`, `vertexTokenSds`): the mirror service sends the
     /// gateway's requests with them.
     pub hosts: halo_envoy_config::credentials::Hosts,
+    /// The served gateway settings' `upstreamCaFile`: the mirror service verifies a
+    /// target's certificate against it, as the gateway's Envoy does.
+    pub upstream_ca_file: PathBuf,
     source: Arc<PolicySource>,
     /// What is pushed with the policy: the kill list (from the kill switch) and the
     /// exhausted budgets (from the budget service, [`crate::budget`]).
@@ -303,6 +307,7 @@ pub async fn start(
     }
     let discover = gs.jwks_uri.is_none();
     let hosts = gs.hosts();
+    let upstream_ca_file = PathBuf::from(&gs.upstream_ca_file);
     let (jwks_tx, jwks_rx) = watch::channel(JwksUris::new());
     let source = PolicySource::spawn_transformed(
         settings.policy_dir.clone(),
@@ -328,6 +333,7 @@ pub async fn start(
         addr,
         cache,
         hosts,
+        upstream_ca_file,
         source: Arc::new(source),
         pushed,
         tasks,

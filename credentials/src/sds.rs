@@ -85,6 +85,47 @@ impl SdsFile {
     }
 }
 
+/// Why a secret could not be read from an SDS file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not an SDS file (YAML or JSON): {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("{}: no secret named {name:?} with a generic_secret.secret.inline_string", path.display())]
+    NoSecret { path: PathBuf, name: String },
+}
+
+/// The value of secret `name` in the SDS file at `path`, as Envoy's credential injector
+/// reads it: the `generic_secret`'s `inline_string` of the resource of that name (so
+/// `Bearer <token>` for a file [`SdsFile::write`] wrote with [`Value::Bearer`]). YAML or
+/// JSON, as Envoy takes either; read whole at each call, as the file is replaced
+/// atomically.
+pub fn read_secret(path: &Path, name: &str) -> Result<String, ReadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let doc: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| ReadError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    doc["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["name"] == name)
+        .and_then(|r| r["generic_secret"]["secret"]["inline_string"].as_str())
+        .map(str::to_string)
+        .ok_or_else(|| ReadError::NoSecret {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +151,38 @@ mod tests {
             doc["resources"][0]["generic_secret"]["secret"]["inline_string"],
             "ya29.test"
         );
+    }
+
+    #[test]
+    fn a_written_secret_reads_back_as_the_injector_sends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sds = SdsFile::new(&dir.path().join("v.yaml"), "vertex-token", Value::Bearer).unwrap();
+        sds.write(&token()).unwrap();
+        assert_eq!(
+            read_secret(&sds.path, "vertex-token").unwrap(),
+            "Bearer ya29.test"
+        );
+        assert!(matches!(
+            read_secret(&sds.path, "other"),
+            Err(ReadError::NoSecret { .. })
+        ));
+        // An operator's own YAML file, as Envoy also reads it.
+        let yaml = dir.path().join("own.yaml");
+        std::fs::write(
+            &yaml,
+            "resources:\n- \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  name: t\n  generic_secret:\n    secret:\n      inline_string: Bearer abc\n",
+        )
+        .unwrap();
+        assert_eq!(read_secret(&yaml, "t").unwrap(), "Bearer abc");
+        assert!(matches!(
+            read_secret(&dir.path().join("none.yaml"), "t"),
+            Err(ReadError::Io { .. })
+        ));
+        std::fs::write(&yaml, "resources: [").unwrap();
+        assert!(matches!(
+            read_secret(&yaml, "t"),
+            Err(ReadError::Parse { .. })
+        ));
     }
 
     #[test]

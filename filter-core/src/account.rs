@@ -58,26 +58,11 @@ impl Call {
             return None;
         }
         Some(Call {
-            dialect: dialect(wire, operation),
+            dialect: Dialect::of(wire, operation),
             unit,
             alias,
             budgets: budgets.map(|b| (b, wire)),
         })
-    }
-}
-
-/// The usage dialect of an answer to `operation` on `wire` (Bedrock invoke and Vertex
-/// rawPredict answer in Anthropic's Messages shape; Bedrock converse in its own).
-pub fn dialect(wire: WireProtocol, operation: Operation) -> Dialect {
-    match wire {
-        WireProtocol::BedrockInvoke
-            if matches!(operation, Operation::Converse | Operation::ConverseStream) =>
-        {
-            Dialect::BedrockConverse
-        }
-        WireProtocol::AnthropicMessages | WireProtocol::BedrockInvoke => Dialect::Anthropic,
-        WireProtocol::OpenaiResponses => Dialect::OpenAiResponses,
-        WireProtocol::Gemini => Dialect::Gemini,
     }
 }
 

@@ -184,6 +184,15 @@ pub fn body_carries_model(method: &str, path: &str) -> bool {
         && recognise(path).is_some_and(|r| matches!(r.model, Found::InBody))
 }
 
+/// The wire and operation a served model-call path is (the query string ignored), as
+/// [`admit`] recognises it; `None` for any other path. For a caller that has the path of
+/// a request already admitted and translated, such as the mirror service metering a
+/// shadow job's answer.
+pub fn operation_of(path: &str) -> Option<(WireProtocol, Operation)> {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    recognise(path).map(|r| (r.wire, r.operation))
+}
+
 /// [`admit`] for a caller that has already scanned `body` (with
 /// [`body_scan::Incremental`] while it arrived): `scanned` must be what
 /// `body_scan::scan(body)` returns. It is read only where admit would scan, the

@@ -54,6 +54,28 @@ pub enum Dialect {
     Gemini,
 }
 
+impl Dialect {
+    /// The dialect of an answer to `operation` on `wire` (Bedrock invoke and Vertex
+    /// rawPredict answer in Anthropic's Messages shape; Bedrock converse in its own).
+    pub fn of(
+        wire: halo_policy::types::WireProtocol,
+        operation: halo_policy::admit::Operation,
+    ) -> Dialect {
+        use halo_policy::admit::Operation;
+        use halo_policy::types::WireProtocol;
+        match wire {
+            WireProtocol::BedrockInvoke
+                if matches!(operation, Operation::Converse | Operation::ConverseStream) =>
+            {
+                Dialect::BedrockConverse
+            }
+            WireProtocol::AnthropicMessages | WireProtocol::BedrockInvoke => Dialect::Anthropic,
+            WireProtocol::OpenaiResponses => Dialect::OpenAiResponses,
+            WireProtocol::Gemini => Dialect::Gemini,
+        }
+    }
+}
+
 /// How the answer is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {

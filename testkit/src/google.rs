@@ -273,6 +273,9 @@ pub fn token_in(sds: &Path) -> Option<String> {
     value.strip_prefix("Bearer ").map(str::to_string)
 }
 
+/// The (input, output) tokens every answer of [`FakeVertex`] reports.
+pub const VERTEX_USAGE: (u64, u64) = (12, 3);
+
 /// One request a fake Vertex received.
 #[derive(Debug, Clone)]
 pub struct VertexCall {
@@ -341,7 +344,8 @@ async fn vertex(
     }
     Json(
         json!({"id": "msg_1", "type": "message", "role": "assistant",
-        "content": [{"type": "text", "text": "hi"}]}),
+        "content": [{"type": "text", "text": "hi"}],
+        "usage": {"input_tokens": VERTEX_USAGE.0, "output_tokens": VERTEX_USAGE.1}}),
     )
     .into_response()
 }

@@ -7,7 +7,8 @@
 //! a fake OIDC identity provider ([`oidc::FakeIssuer`]); feature `google` a fake Google
 //! token endpoint, metadata server and Vertex ([`google`], tokio and axum).
 //! Feature `provider` adds a model provider speaking every wire ([`provider`]); feature
-//! `postgres` one PostgreSQL per test process with a database per test ([`postgres`]).
+//! `postgres` one PostgreSQL per test process with a database per test ([`postgres`]);
+//! feature `tls` https fronts for the plain-http fakes, from a CA of the test ([`tls`]).
 //! [`harness`] finds the pinned real coding tools and runs one with a release's files.
 
 // Test support, used only by tests: a step that cannot be done fails the test that
@@ -31,6 +32,8 @@ pub mod provider;
 pub mod registry;
 #[cfg(feature = "sigv4")]
 pub mod sigv4;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -22,7 +22,7 @@
 
 pub mod bedrock;
 pub mod shadow;
-pub mod tls;
+pub use halo_testkit::tls;
 pub mod xds;
 
 use std::collections::BTreeMap;
