@@ -147,6 +147,14 @@ fn is_special(c: u8) -> bool {
 
 /// The index of the first `"`, `\` or control byte at or after `i`, or `b.len()`.
 #[inline(always)]
+/// The length of the plain run `bytes` starts with: the index of its first `"`, `\` or
+/// control byte (below 0x20), or its length. Where a JSON string's content may end, found
+/// with the scanner's own vector skip: for other readers of JSON text (the usage meter
+/// skips an answer's strings with it).
+pub fn plain_run(bytes: &[u8]) -> usize {
+    skip_plain(bytes, 0)
+}
+
 fn skip_plain(b: &[u8], i: usize) -> usize {
     let rest = &b[i..];
     // An empty string or back-to-back escapes: no loop setup.

@@ -653,11 +653,33 @@ impl JsonTap {
     }
 
     fn feed(&mut self, bytes: &[u8], found: &mut Vec<(Path, Vec<u8>)>) {
-        for &b in bytes {
+        let mut rest = bytes;
+        while let Some((&b, after)) = rest.split_first() {
             if self.broken {
                 return;
             }
+            // Inside a string value that is not captured nothing is read until its
+            // closing quote or an escape: most of an answer is such text, skipped with the
+            // body scanner's vector search instead of the state machine per byte (4 KB of
+            // text: 388k wasm instructions to 45k, halo-wasm-profile).
+            if self.lex
+                == (Lex::Str {
+                    key: false,
+                    escape: false,
+                })
+                && self.capture.is_none()
+            {
+                let plain = halo_policy::body_scan::plain_run(rest);
+                if plain == rest.len() {
+                    return;
+                }
+                if plain > 0 {
+                    rest = &rest[plain..];
+                    continue;
+                }
+            }
             self.byte(b, found);
+            rest = after;
         }
     }
 

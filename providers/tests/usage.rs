@@ -91,6 +91,26 @@ fn anthropic_json() {
     );
 }
 
+/// Long text is skipped by the vector search: a usage-shaped run deep inside a string,
+/// behind escapes and across 16-byte chunks, is still content, at every cut.
+#[test]
+fn long_text_is_skipped_and_never_read_as_usage() {
+    let text = format!(
+        "{}\\n{}\\\"usage\\\":{{\\\"input_tokens\\\":9}} {}",
+        "a".repeat(70),
+        "b".repeat(33),
+        "c".repeat(40)
+    );
+    let body = format!(
+        r#"{{"type":"message","content":[{{"type":"text","text":"{text}"}}],"usage":{{"input_tokens":12,"output_tokens":3}}}}"#
+    );
+    serde_json::from_str::<serde_json::Value>(&body).expect("the test body is JSON");
+    let a = all_splits_agree(Dialect::Anthropic, Framing::Json, body.as_bytes());
+    assert_eq!(a.usage.input_tokens, Some(12));
+    assert_eq!(a.usage.output_tokens, Some(3));
+    assert!(a.complete);
+}
+
 #[test]
 fn anthropic_sse_merges_start_and_delta() {
     let body = anthropic_sse();
