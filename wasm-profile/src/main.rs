@@ -51,9 +51,9 @@ struct Args {
     /// Requests measured, after as many to warm up.
     #[arg(long, default_value_t = 20)]
     requests: u32,
-    /// The answer's text in bytes (an Anthropic message with usage, which the filter
-    /// meters).
-    #[arg(long, default_value_t = 16)]
+    /// The answer's text in bytes: an Anthropic message with usage, which the filter
+    /// meters. 0: the gateway bench's default answer, a short message without usage.
+    #[arg(long, default_value_t = 0)]
     answer_size: usize,
     /// The alias the request names.
     #[arg(long, default_value = "haiku")]
@@ -684,6 +684,11 @@ struct Plugins {
     attempt: (String, String),
     /// The bootstrap, for the routed cluster's endpoint metadata.
     doc: Value,
+    /// The request body and the answer, made once.
+    body: Vec<u8>,
+    answer: Vec<u8>,
+    /// That metadata by cluster, once looked up.
+    endpoints: std::cell::RefCell<HashMap<String, Option<serde_json::Map<String, Value>>>>,
 }
 
 fn find_plugins(doc: &Value, out: &mut Vec<(String, String)>) {
@@ -738,6 +743,20 @@ fn body(size: usize, model: &str) -> Vec<u8> {
         .into_bytes()
 }
 
+/// An Anthropic message whose text is `size` bytes, with usage (which the filter meters);
+/// for 0 the bench's short answer without usage.
+fn answer(size: usize) -> Vec<u8> {
+    if size == 0 {
+        return br#"{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn"}"#.to_vec();
+    }
+    let text: String = "All tests pass. ".chars().cycle().take(size).collect();
+    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+        "usage": {"input_tokens": 1000, "output_tokens": size / 4}})
+    .to_string()
+    .into_bytes()
+}
+
 /// A claim as Envoy hands a property of jwt_authn's payload: a string's bytes, a bool's
 /// byte, a list in the serialized pairs format.
 fn claim_bytes(v: &Value) -> Vec<u8> {
@@ -770,7 +789,7 @@ fn request(
 ) -> wasmtime::Result<()> {
     let stream = 100 + 2 * n;
     let attempt = stream + 1;
-    let body = body(args.size, &args.model);
+    let (body, answer) = (&plugins.body, plugins.answer.as_slice());
     {
         let h = vm.store.data_mut();
         h.local_reply = None;
@@ -841,7 +860,12 @@ fn request(
         .find(|(k, _)| k == "x-halo-route")
         .map(|(_, v)| v.clone())
         .context("the request filter set no x-halo-route")?;
-    let meta = endpoint_metadata(&plugins.doc, &route)
+    let meta = plugins
+        .endpoints
+        .borrow_mut()
+        .entry(route.clone())
+        .or_insert_with(|| endpoint_metadata(&plugins.doc, &route))
+        .clone()
         .with_context(|| format!("cluster {route}: no endpoint metadata in the bootstrap"))?;
     {
         let h = vm.store.data_mut();
@@ -874,17 +898,6 @@ fn request(
         "proxy_on_request_body",
         &[attempt, body_len, 1],
     )?;
-    let text: String = "All tests pass. "
-        .chars()
-        .cycle()
-        .take(args.answer_size)
-        .collect();
-    let answer = json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
-        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-        "usage": {"input_tokens": 1000, "output_tokens": args.answer_size / 4}})
-    .to_string()
-    .into_bytes();
-    let answer = answer.as_slice();
     {
         let h = vm.store.data_mut();
         h.response_headers = hdrs(&[
@@ -961,6 +974,9 @@ fn main() -> wasmtime::Result<()> {
         request: pick("halo")?,
         attempt: pick("halo-attempt")?,
         doc,
+        body: body(args.size, &args.model),
+        answer: answer(args.answer_size),
+        endpoints: Default::default(),
     };
     let claims: Value = serde_json::from_str(&args.claims).context("--claims")?;
     let claims = claims
