@@ -782,7 +782,6 @@ fn hdrs(list: &[(&str, String)]) -> Vec<(String, String)> {
 fn request(
     vm: &mut Vm,
     profile: &mut Profile,
-    args: &Args,
     plugins: &Plugins,
     claims: &serde_json::Map<String, Value>,
     n: i32,
@@ -997,11 +996,11 @@ fn main() -> wasmtime::Result<()> {
         let mut vm = Vm::new(&engine, path, &plugins, true)?;
         let mut warm = Profile::default();
         for n in 0..i32::try_from(args.requests)? {
-            request(&mut vm, &mut warm, &args, &plugins, &claims, n)?;
+            request(&mut vm, &mut warm, &plugins, &claims, n)?;
         }
         let mut profile = Profile::default();
         for n in 0..i32::try_from(args.requests)? {
-            request(&mut vm, &mut profile, &args, &plugins, &claims, 1000 + n)?;
+            request(&mut vm, &mut profile, &plugins, &claims, 1000 + n)?;
         }
         profiles.push(profile);
     }
@@ -1029,7 +1028,7 @@ fn time(
         for (i, vm) in vms.iter_mut().enumerate() {
             let started = std::time::Instant::now();
             for _ in 0..args.requests {
-                request(vm, &mut sink, args, plugins, claims, n)?;
+                request(vm, &mut sink, plugins, claims, n)?;
                 n += 1;
             }
             // Round 0 warms up.
