@@ -15,7 +15,8 @@
 //! (its metadata from the bootstrap), the answer back through both, logs, done. The host
 //! is a small proxy-wasm ABI 0.2.1 host: headers, bodies, properties (jwt_authn's claims
 //! given on the command line, the endpoint's metadata, the stream's filter state), shared
-//! data, metrics and time; every other import answers 0.
+//! data, metrics and a clock of its own (a millisecond a reading, so that the counts repeat
+//! exactly); every other import answers 0.
 //!
 //! ```text
 //! HALO_E2E_DUMP=/tmp/gw.yaml cargo test -p halo-e2e --test decision   # any gateway
@@ -101,6 +102,8 @@ struct Host {
     properties: HashMap<String, Vec<u8>>,
     shared: HashMap<String, (Vec<u8>, u32)>,
     metrics: u32,
+    /// Nanoseconds since the Unix epoch, as the module reads the time.
+    clock_ns: u64,
     local_reply: Option<u32>,
     log_lines: Vec<String>,
 }
@@ -246,9 +249,10 @@ fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
         "proxy_get_current_time_nanoseconds",
         |mut c: Caller<'_, Host>, at: i32| -> wasmtime::Result<i32> {
             c.data_mut().count("get_current_time");
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)?
-                .as_nanos() as u64;
+            // A clock of the host's own, a millisecond a reading: the module formats times
+            // (the time to the first byte), and real ones would make the counts vary.
+            c.data_mut().clock_ns += 1_000_000;
+            let now = c.data().clock_ns;
             let mem = memory(&mut c)?;
             let at = u(at);
             mem.data_mut(&mut c)
@@ -592,7 +596,14 @@ impl Vm {
             .with_context(|| format!("{}: not a wasm module", path.display()))?;
         let mut linker = Linker::new(engine);
         link(&mut linker)?;
-        let mut store = Store::new(engine, Host::default());
+        let mut store = Store::new(
+            engine,
+            Host {
+                // 2026-12-01T00:00:00Z.
+                clock_ns: 1_796_083_200_000_000_000,
+                ..Host::default()
+            },
+        );
         if fuel {
             store.set_fuel(u64::MAX / 2)?;
         }
