@@ -232,6 +232,26 @@ fn parse_pairs(bytes: &[u8]) -> Vec<(String, String)> {
     out
 }
 
+/// Add header `key` = `value` (pointer, length each) to map `map_type`, replacing its
+/// values first when `replace`.
+fn put_header(
+    c: &mut Caller<'_, Host>,
+    map_type: i32,
+    key: (i32, i32),
+    value: (i32, i32),
+    replace: bool,
+) -> wasmtime::Result<i32> {
+    let key = read_str(c, key.0, key.1)?.to_ascii_lowercase();
+    let value = read_str(c, value.0, value.1)?;
+    if let Some(m) = c.data_mut().map(map_type) {
+        if replace {
+            m.retain(|(n, _)| *n != key);
+        }
+        m.push((key, value));
+    }
+    Ok(STATUS_OK)
+}
+
 /// The host functions the filter uses; every other import is defined to answer 0.
 fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     linker.func_wrap(
@@ -358,13 +378,7 @@ fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
          vl: i32|
          -> wasmtime::Result<i32> {
             c.data_mut().count("replace_header_map_value");
-            let key = read_str(&mut c, kp, kl)?.to_ascii_lowercase();
-            let value = read_str(&mut c, vp, vl)?;
-            if let Some(m) = c.data_mut().map(map) {
-                m.retain(|(n, _)| *n != key);
-                m.push((key, value));
-            }
-            Ok(STATUS_OK)
+            put_header(&mut c, map, (kp, kl), (vp, vl), true)
         },
     )?;
     linker.func_wrap(
@@ -378,12 +392,7 @@ fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
          vl: i32|
          -> wasmtime::Result<i32> {
             c.data_mut().count("add_header_map_value");
-            let key = read_str(&mut c, kp, kl)?.to_ascii_lowercase();
-            let value = read_str(&mut c, vp, vl)?;
-            if let Some(m) = c.data_mut().map(map) {
-                m.push((key, value));
-            }
-            Ok(STATUS_OK)
+            put_header(&mut c, map, (kp, kl), (vp, vl), false)
         },
     )?;
     linker.func_wrap(
