@@ -73,7 +73,7 @@ if ! command -v gnome-keyring-daemon >/dev/null 2>&1 || ! command -v dbus-run-se
   apt-get install -y -qq --no-install-recommends gnome-keyring dbus-daemon >/dev/null
 fi
 
-# A real browser for the admin console's tests (control-plane/tests/console.rs): Debian's
+# A real browser for the admin console's tests (server/tests/console.rs): Debian's
 # Chromium, driven over WebDriver by its ChromeDriver.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive

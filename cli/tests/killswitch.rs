@@ -5,7 +5,7 @@
 // #[test] functions, and this in the helpers beside them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../control-plane/tests/support/mod.rs"]
+#[path = "../../server/tests/support/mod.rs"]
 mod support;
 
 use std::process::{Command, Output};

@@ -451,7 +451,7 @@ pub fn stats_tags() -> Value {
 /// Envoy's defaults, plus the native build's metrics namespace registered as a custom
 /// one, which Prometheus names leave out as they leave out the wasm build's `wasmcustom`
 /// (without it they read `envoy_halocustom_halo_requests`). Envoy 1.40 keeps that behind
-/// a runtime guard; tests/tests/decision.rs checks the names both builds export.
+/// a runtime guard; e2e/tests/decision.rs checks the names both builds export.
 pub fn runtime() -> Value {
     json!({"layers": [
         {"name": "halo", "static_layer": {STRIP_CUSTOM_STAT_PREFIX: true}},

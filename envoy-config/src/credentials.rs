@@ -1,7 +1,7 @@
 //! Per-attempt credentials: Envoy's own filters after the halo filter's per-attempt stage
 //! on an aggregate cluster, each wrapped in a match_delegate so it runs only on attempts
 //! whose target it belongs to (docs/ARCHITECTURE.md, "Per-attempt credentials", pinned in
-//! Envoy 1.40 by tests/tests/credentials.rs and tests/tests/providers.rs).
+//! Envoy 1.40 by e2e/tests/credentials.rs and e2e/tests/providers.rs).
 //!
 //! Planned once (the gateway plan), printed by the standalone bootstrap and by halo-xds:
 //! the same JSON either way. No secret is ever in the configuration: a key is read at use

@@ -441,7 +441,7 @@ pub struct RoutePlan {
     /// `timeoutSeconds` bounds connect (its cluster's) and the wait for headers (this
     /// per-try timeout): a primary that accepts and hangs is retried on the next target.
     /// Envoy ignores a per-try timeout once the response started downstream, so a started
-    /// stream is never cut (seen in Envoy 1.40, `tests/tests/timeouts.rs`). Envoy takes
+    /// stream is never cut (seen in Envoy 1.40, `e2e/tests/timeouts.rs`). Envoy takes
     /// it per route, so every attempt of the request gets the first pick's bound.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub header_timeouts: BTreeMap<String, u32>,

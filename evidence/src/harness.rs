@@ -1,6 +1,6 @@
 //! A harness's own per-call telemetry to evidence [`Record`]s: one mapping table per
 //! harness (Claude Code, Codex, Gemini CLI), read off what the pinned versions really
-//! export (captured in `tests/data/harness/`, trimmed; `tests/tests/harnesses.rs` runs
+//! export (captured in `tests/data/harness/`, trimmed; `e2e/tests/harnesses.rs` runs
 //! them live).
 //!
 //! A harness log record is evidence only when it is one of its harness's per-call events

@@ -1,6 +1,6 @@
 //! The harness mapping tables (halo_evidence::harness) on what the pinned harnesses
 //! really export: `tests/data/harness/*.json` are OTLP/JSON log batches captured from
-//! Claude Code 2.1.332, Codex 0.171.0 and Gemini CLI 0.61.0 run by tests/tests/harnesses.rs,
+//! Claude Code 2.1.332, Codex 0.171.0 and Gemini CLI 0.61.0 run by e2e/tests/harnesses.rs,
 //! trimmed (ids, prompts and the system prompt removed) and given the halo attribution
 //! halod writes (`halo.*` resource attributes; Claude Code also copies them onto each
 //! record).

@@ -153,7 +153,7 @@ impl Tally {
 /// configuration-level callout. Why not the stream's own callout: Envoy cancels a
 /// stream's callouts when the stream ends, so a live call answered before its job was
 /// delivered (a fast provider, a service slow to take it) lost the job
-/// (tests/tests/shadow.rs, "a job outlives its live call"). A configuration's callout
+/// (e2e/tests/shadow.rs, "a job outlives its live call"). A configuration's callout
 /// belongs to no stream. The cost is one cross-thread wake per job; the main thread does
 /// the job's HTTP work, bounded as every job by the `halo-shadow` cluster's breakers.
 #[derive(Default)]

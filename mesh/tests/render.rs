@@ -494,8 +494,8 @@ fn the_gateway_boots_from_the_bootstrap_the_xds_live_suites_run() {
     let shipped = named(&docs, "ConfigMap", "halo-gateway")["data"]["envoy.yaml"]
         .as_str()
         .expect("envoy.yaml");
-    // By construction: the one function the live suites (tests/src/xds.rs,
-    // control-plane/tests/support/gateway.rs) boot Envoy with, over the same compiled-in
+    // By construction: the one function the live suites (e2e/src/xds.rs,
+    // server/tests/support/gateway.rs) boot Envoy with, over the same compiled-in
     // envoy/ads.yaml; only the three values the file marks differ (and STATIC becomes
     // STRICT_DNS for a Service name).
     let suites =

@@ -224,7 +224,7 @@ pub fn spent_message(name: &str, budget: &Budget, period: &Period) -> String {
 /// The 429 a caller on `wire` gets once a budget is spent, `retry_after_s` before it can
 /// pass again: the body in that wire's own error shape and the headers besides
 /// `content-type` and `retry-after`. Each shape is the one its harness stops on (checked
-/// live with the real harnesses, tests/tests/harnesses.rs): Anthropic's
+/// live with the real harnesses, e2e/tests/harnesses.rs): Anthropic's
 /// `rate_limit_error` (Claude Code prints the message and exits); OpenAI's
 /// `insufficient_quota`, which Codex treats as final (`rate_limit_exceeded` makes it
 /// sleep the Retry-After, hours, before each of its retries); Google's

@@ -15,7 +15,7 @@
 //!
 //! Observed with Claude Code 2.1.332 and Gemini CLI 0.61.0 against a recording server
 //! (docs/harnesses.md); the Claude Code families are proved through the gateway by the live
-//! test (tests/tests/harnesses.rs).
+//! test (e2e/tests/harnesses.rs).
 
 use crate::types::{Gateway, HarnessSettings};
 

@@ -167,7 +167,7 @@ fn settings(listen_port: u16) -> GatewaySettings {
         listen_address: "127.0.0.1".into(),
         listen_port,
         // The routing layer on its own: the test client sends x-halo-route itself (the
-        // full chain with the filter is tests/tests/xds.rs in halo-e2e).
+        // full chain with the filter is e2e/tests/xds.rs in halo-e2e).
         halo_filter: false,
         ..GatewaySettings::default()
     }

@@ -13,7 +13,7 @@
 //! (`halo.ring`, `halo.release`, `halo.experiment`, `halo.variant`, `halo.unit`:
 //! [`halo_envoy_config::evidence`]), the unit computed with the gateway's own function
 //! (`halo_policy::assign::unit` over `unit_salt`), never the subject. What each pinned
-//! harness honours (seen on the wire, tests/tests/harnesses.rs):
+//! harness honours (seen on the wire, e2e/tests/harnesses.rs):
 //! - Claude Code: its managed settings' `env` (`OTEL_RESOURCE_ATTRIBUTES`, and the token
 //!   as `OTEL_EXPORTER_OTLP_HEADERS`), applied to its own process only.
 //! - Gemini CLI and Codex read `OTEL_RESOURCE_ATTRIBUTES` from their environment only

@@ -1,4 +1,4 @@
-//! The checked-in OpenAPI document (control-plane/openapi.json) is valid OpenAPI 3.0,
+//! The checked-in OpenAPI document (server/openapi.json) is valid OpenAPI 3.0,
 //! is what the server serves, and lists exactly the routes the server routes.
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in

@@ -200,7 +200,7 @@ async fn an_upstream_that_fails_after_sending_headers_is_not_retried() {
 /// names and labels, in the wasm and the native build (scripts/test.sh runs this binary
 /// with each), compared with one list. The per-attempt stage's rewrites are the request
 /// filter's `halo_attempt_rewrites`, not a cluster's, and the counters without labels
-/// read 0 until counted (the panics counter: tests/tests/panics.rs).
+/// read 0 until counted (the panics counter: e2e/tests/panics.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_builds_export_the_same_series() {
     let f = fixture().await;

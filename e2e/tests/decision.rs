@@ -1,5 +1,5 @@
 //! Decisions in Envoy match halo-policy: sticky picks, canaries, toggles; SSE streams
-//! incrementally. (The filter's counters in Prometheus: tests/tests/failover.rs.)
+//! incrementally. (The filter's counters in Prometheus: e2e/tests/failover.rs.)
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in
 // #[test] functions, and this in the helpers beside them.
