@@ -12,11 +12,10 @@ cargo build --locked -p halo-filter-wasm --target wasm32-unknown-unknown --relea
 cargo build --locked -p halo-filter-native --release
 cargo test --locked --workspace --all-features
 # The live suites once more with the native build in Envoy (halo_testkit::filter_module):
-# the filter's own, halo-server's pushes over xDS, the controller's loop through Envoy, the CLI's routes against Envoy and
-# `halo auth token` as Claude Code's apiKeyHelper through Envoy.
+# the filter's own (with the CLI's routes against Envoy and `halo auth token` as Claude
+# Code's apiKeyHelper through Envoy), halo-server's pushes over xDS, the controller's loop
+# through Envoy, the budget check.
 HALO_FILTER=native cargo test --locked -p halo-e2e
 HALO_FILTER=native cargo test --locked -p halo-server --test xds
 HALO_FILTER=native cargo test --locked -p halo-server --test controller_live
 HALO_FILTER=native cargo test --locked -p halo-server --test budgets
-HALO_FILTER=native cargo test --locked -p halo-cli --test routes_live
-HALO_FILTER=native cargo test --locked -p halo-cli --test auth_live

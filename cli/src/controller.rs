@@ -2,7 +2,7 @@
 //!
 //! - `halo controller run`: the controller loop outside halo-server, on a policy dir and a
 //!   data dir (halo-server's own `--controller` loop, assembled by the same code,
-//!   `halo_server::controller::assemble`). A kill is appended to the data dir's kill log;
+//!   `halo_controller::assemble::assemble`). A kill is appended to the data dir's kill log;
 //!   it is enforced only when a halo-server with a kill key serves that dir, which the
 //!   operator states with `--killswitch-served` (ADR-0009 "No key, no pretence").
 //! - The views through halo-server's admin API (the same admin auth as `halo kill`):
@@ -65,7 +65,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub policy_repo: Option<PathBuf>,
     /// The branch PRs target.
-    #[arg(long, value_name = "BRANCH", default_value = halo_server::controller::DEFAULT_BASE_BRANCH)]
+    #[arg(long, value_name = "BRANCH", default_value = halo_controller::assemble::DEFAULT_BASE_BRANCH)]
     pub base_branch: String,
     /// Webhook to notify (signed: X-Halo-Timestamp and an HMAC-SHA256); requires
     /// --webhook-secret-file.
@@ -84,8 +84,8 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// The settings halo-server's `--controller*` flags resolve to, checked the same way.
-    pub fn settings(&self) -> anyhow::Result<halo_server::controller::ControllerSettings> {
-        let settings = halo_server::controller::ControllerSettings {
+    pub fn settings(&self) -> anyhow::Result<halo_controller::assemble::ControllerSettings> {
+        let settings = halo_controller::assemble::ControllerSettings {
             enabled: true,
             interval: self.interval,
             policy_repo: self.policy_repo.clone(),
@@ -175,7 +175,7 @@ pub fn run_rollout(command: RolloutCommand) -> Result<(), Failure> {
 }
 
 fn run_loop(args: &RunArgs) -> Result<(), Failure> {
-    use halo_server::controller::{DataDirKill, DirPolicy, assemble};
+    use halo_controller::assemble::{DataDirKill, DirPolicy, assemble};
     let settings = args.settings()?;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -189,12 +189,13 @@ fn run_loop(args: &RunArgs) -> Result<(), Failure> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let store = halo_server::store::FileStore::open(&args.data_dir)
+    let store = halo_store::FileStore::open(&args.data_dir)
         .with_context(|| format!("opening data dir {}", args.data_dir.display()))?;
-    let evidence = halo_server::evidence::open_store(
+    let evidence = halo_evidence::open::open_store(
         args.evidence_postgres_file.as_deref(),
         Some(&args.data_dir),
-    )?;
+    )
+    .map_err(anyhow::Error::from)?;
     if !args.killswitch_served {
         eprintln!(
             "warning: no --killswitch-served: a rollback's kill is written to {} but enforced only if a halo-server with a kill key serves that dir",
@@ -211,7 +212,8 @@ fn run_loop(args: &RunArgs) -> Result<(), Failure> {
             store: Arc::new(store),
             served: args.killswitch_served,
         })),
-    )?;
+    )
+    .map_err(anyhow::Error::from)?;
     if args.once {
         let tick = runtime.block_on(controller.tick_within_budget(time::OffsetDateTime::now_utc()));
         let status = serde_json::to_value(controller.status()).context("encoding the status")?;

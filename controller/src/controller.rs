@@ -25,8 +25,8 @@ use time::OffsetDateTime;
 
 use crate::decide::{self, Decision, Inputs, Row, Verdict};
 use crate::drive::RolloutReport;
-use crate::evidence::EvidenceSource;
-use crate::kill::{KillOutcome, KillSwitch};
+use crate::evidence::EvidencePort;
+use crate::kill::{KillOutcome, KillPort};
 use crate::notify::{Message, Notifier};
 use crate::pr::{Edit, PrRequest, PullRequests};
 use crate::state::{ActionState, Event, StateError, StateLog, rfc3339};
@@ -66,7 +66,7 @@ pub fn check_interval(interval: Duration) -> Result<Duration, String> {
 pub struct PolicyError(pub String);
 
 /// The policy served now (halo-server's, not the one the controller started with).
-pub trait PolicySource: Send + Sync {
+pub trait PolicyPort: Send + Sync {
     fn current(&self) -> BoxFuture<'_, Result<Arc<Org>, PolicyError>>;
 }
 
@@ -158,10 +158,10 @@ pub const STATUS_FILE: &str = "controller-status.json";
 
 /// The controller: its ports and its state.
 pub struct Controller {
-    pub policy: Arc<dyn PolicySource>,
-    pub evidence: Arc<dyn EvidenceSource>,
+    pub policy: Arc<dyn PolicyPort>,
+    pub evidence: Arc<dyn EvidencePort>,
     /// None: no kill key, so a rollback is reported as not enforced.
-    pub kill: Option<Arc<dyn KillSwitch>>,
+    pub kill: Option<Arc<dyn KillPort>>,
     pub pulls: Arc<dyn PullRequests>,
     /// None: nobody to tell (the PR is the only output).
     pub notifier: Option<Arc<dyn Notifier>>,
@@ -185,9 +185,9 @@ impl Controller {
     /// controller-status.json).
     pub fn open(
         data_dir: &std::path::Path,
-        policy: Arc<dyn PolicySource>,
-        evidence: Arc<dyn EvidenceSource>,
-        kill: Option<Arc<dyn KillSwitch>>,
+        policy: Arc<dyn PolicyPort>,
+        evidence: Arc<dyn EvidencePort>,
+        kill: Option<Arc<dyn KillPort>>,
         pulls: Arc<dyn PullRequests>,
         notifier: Option<Arc<dyn Notifier>>,
     ) -> Result<Controller, StateError> {

@@ -1,4 +1,4 @@
-//! The evidence port ([`EvidenceSource`]) over halo-evidence's [`Store`]: the samples
+//! The evidence port ([`EvidencePort`]) over halo-evidence's [`Store`]: the samples
 //! query for (experiment, metric, since now), one value per (variant, unit, source).
 //!
 //! Policy metric names ([`metric`]): `halo.api.error_rate` is the store's error rate and
@@ -16,19 +16,10 @@ use futures_util::future::BoxFuture;
 use halo_evidence::{Metric, SampleQuery, Store};
 use time::OffsetDateTime;
 
-use crate::evidence::{EvidenceError, EvidenceSource, Sample, Source};
+use crate::evidence::{EvidenceError, EvidencePort, Sample, Source};
 
 /// The controller's evidence, read from the store the receivers write.
 pub struct StoreEvidence(pub Arc<dyn Store>);
-
-fn source(s: halo_evidence::Source) -> Source {
-    match s {
-        halo_evidence::Source::Gateway => Source::Gateway,
-        halo_evidence::Source::Cli => Source::Cli,
-        halo_evidence::Source::Eval => Source::Eval,
-        halo_evidence::Source::Shadow => Source::Shadow,
-    }
-}
 
 fn unix_ms(t: OffsetDateTime) -> i64 {
     i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
@@ -66,19 +57,11 @@ impl StoreEvidence {
             .await
             .map_err(|e| error(format!("the query task failed: {e}")))?
             .map_err(|e| error(format!("{metric}: {e}")))?;
-        Ok(samples
-            .into_iter()
-            .map(|s| Sample {
-                variant: s.variant,
-                unit: s.unit,
-                value: s.value,
-                source: source(s.source),
-            })
-            .collect())
+        Ok(samples)
     }
 }
 
-impl EvidenceSource for StoreEvidence {
+impl EvidencePort for StoreEvidence {
     fn samples<'a>(
         &'a self,
         experiment: &'a str,

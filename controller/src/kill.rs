@@ -1,7 +1,7 @@
 //! The kill switch as the controller trips it, and what became of a rollback's kill.
 //!
 //! The switch itself is halo-server's (ADR-0009: the append-only killswitch.jsonl and the
-//! signed list); the controller reaches it through [`KillSwitch`], so the in-process
+//! signed list); the controller reaches it through [`KillPort`], so the in-process
 //! controller calls the server's switch and `halo controller run` writes the data dir.
 
 use futures_util::future::BoxFuture;
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub struct KillError(pub String);
 
 /// The kill switch the controller trips on a gateway-evidenced rollback.
-pub trait KillSwitch: Send + Sync {
+pub trait KillPort: Send + Sync {
     /// Whether the experiment is killed now (a killed experiment is held, not evaluated).
     fn is_killed<'a>(&'a self, experiment: &'a str) -> BoxFuture<'a, Result<bool, KillError>>;
     /// Kill the experiment with a reason; returns once the kill is durable.
@@ -21,7 +21,7 @@ pub trait KillSwitch: Send + Sync {
         experiment: &'a str,
         reason: &'a str,
     ) -> BoxFuture<'a, Result<(), KillError>>;
-    /// Whether gateways read what [`KillSwitch::kill`] writes (a halo-server with a kill
+    /// Whether gateways read what [`KillPort::kill`] writes (a halo-server with a kill
     /// key serves it). `halo controller run` writes the data dir and is served only when
     /// the operator says so with `--killswitch-served`.
     fn served(&self) -> bool;

@@ -9,13 +9,16 @@
 //! - [`rollout_state`]: `rollouts/<name>.json`, each rollout's hash-chained history;
 //! - [`drive`]: step 11, each running rollout's tick: evaluate, then its move's actions;
 //! - [`controller`]: the loop and the executor, behind ports for the policy served now,
-//!   the evidence ([`evidence::EvidenceSource`]), the kill switch ([`kill::KillSwitch`]),
+//!   the evidence ([`evidence::EvidencePort`]), the kill switch ([`kill::KillPort`]),
 //!   pull requests ([`pr::PullRequests`]) and notifications ([`notify::Notifier`]);
 //! - [`evidence_store`]: the evidence port over halo-evidence's store;
 //! - [`state`]: `controller-state.jsonl`, the fsynced record of every step;
 //! - [`history`]: each experiment's evidence table at every tick, for charts;
-//! - [`pr`]: git and gh; [`notify`]: the signed webhook.
+//! - [`pr`]: git and gh; [`notify`]: the signed webhook;
+//! - [`assemble`]: the controller from its settings and ports, as halo-server's
+//!   `--controller` and `halo controller run` both build it, and the two kill ports.
 
+pub mod assemble;
 pub mod controller;
 pub mod decide;
 pub mod drive;

@@ -723,7 +723,7 @@ pub struct GatewayOptions {
     /// The gateway settings' `defaultUpstream`.
     pub default_upstream: Option<String>,
     /// The target breakers' settings (the gateway setting `breaker`; default 5 / 30 s).
-    pub breaker: halo_envoy_config::plan::Breaker,
+    pub breaker: halo_contract::attempts::Breaker,
     /// The mirror service shadow jobs go to (the gateway settings' `shadowUrl`; the token
     /// and maxBytes are `settings.shadow`'s).
     pub shadow_url: Option<String>,
@@ -747,7 +747,7 @@ impl Default for GatewayOptions {
             evidence: None,
             next_hop: None,
             default_upstream: None,
-            breaker: halo_envoy_config::plan::Breaker::default(),
+            breaker: halo_contract::attempts::Breaker::default(),
             shadow_url: None,
             budgets: None,
         }

@@ -86,7 +86,7 @@ async fn fixture() -> Fixture {
     let gw = Gateway::start(
         snapshot,
         GatewayOptions {
-            breaker: halo_envoy_config::plan::Breaker {
+            breaker: halo_contract::attempts::Breaker {
                 consecutive_failures: 5,
                 open_seconds: COOL_DOWN_SECONDS,
             },

@@ -208,7 +208,7 @@ async fn a_forged_jwt_payload_header_never_names_the_caller() {
         json!({"email": "alice@acme.test", "email_verified": true, "groups": ["canary-group"]})
             .to_string(),
     );
-    let header = halo_envoy_config::names::JWT_PAYLOAD_HEADER;
+    let header = halo_contract::names::JWT_PAYLOAD_HEADER;
 
     // No token: the forged payload is not a verified one.
     let a = gw

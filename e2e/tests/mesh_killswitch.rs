@@ -53,7 +53,7 @@ fn wasm_filter_mut(doc: &mut Value) -> &mut Value {
         .expect("the bootstrap's HTTP filters");
     filters
         .iter_mut()
-        .find(|f| f["name"] == halo_envoy_config::names::FILTER_NAME)
+        .find(|f| f["name"] == halo_contract::names::FILTER_NAME)
         .expect("the halo filter")
 }
 

@@ -454,7 +454,7 @@ async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
     assert_eq!(live.header("x-acme-org"), Some("acme-shadow"));
 
     // Recorded for the shadow variant, source shadow, with the answer's tokens.
-    let store = halo_server::evidence::open_store(None, Some(&data)).expect("store");
+    let store = halo_evidence::open::open_store(None, Some(&data)).expect("store");
     let query = halo_evidence::SampleQuery {
         experiment: "gpt-shadow".into(),
         metric: halo_evidence::Metric::ErrorRate,

@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
+use halo_contract::names;
 use halo_e2e::tls::TestCa;
 use halo_e2e::*;
-use halo_envoy_config::names;
 use halo_testkit::{free_port, wait_until};
 use serde_json::{Value, json};
 

@@ -5,7 +5,7 @@
 //! Listener -> HTTP connection manager -> jwt_authn (when the policy names an issuer) ->
 //! the halo filter (fails closed) -> the budget check (with budgets, [`crate::budget`]) ->
 //! router. The one route sends every request to the cluster named by the filter's route
-//! header (see [`crate::names`]). Clusters: one per target, one aggregate per route and
+//! header (see [`halo_contract::names`]). Clusters: one per target, one aggregate per route and
 //! first pick, and the plan's service clusters ([`crate::plan::ListenerPlan::services`]).
 //!
 //! Also here: the Envoy JSON of the filters both emitters use (jwt_authn, the halo filter
@@ -18,12 +18,12 @@ use serde_json::{Value, json};
 use halo_policy::Snapshot;
 
 use crate::credentials::{self, AttemptTarget};
-use crate::names;
 use crate::plan::{
     self, AggregatePlan, BY_ROUTE_HEADER, FilterPlan, GatewaySettings, Plan, PlanError, RoutePlan,
     SERVICE_CONNECT_TIMEOUT_SECONDS, ServicePlan, TargetPlan,
 };
 use crate::tls::UpstreamTls;
+use halo_contract::names;
 
 /// What the standalone bootstrap is rendered from, besides the snapshot: the gateway
 /// settings (both modes' one settings type; `halo envoy bootstrap`'s flags fill it) and
@@ -413,7 +413,7 @@ fn wasm_plugin(name: &str, wasm_path: &str, configuration: &str) -> Value {
     })
 }
 
-pub use crate::names::ATTEMPT_STAGE_CONFIGURATION;
+pub use halo_contract::names::ATTEMPT_STAGE_CONFIGURATION;
 
 /// An aggregate cluster's `typed_extension_protocol_options`: upstream HTTP filters, the
 /// per-attempt stage then, when a target has a credential, the credential chain

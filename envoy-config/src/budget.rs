@@ -20,30 +20,19 @@
 
 use serde_json::{Value, json};
 
-use crate::evidence::{Export, Fact};
+use halo_contract::budget::*;
+use halo_contract::facts::Fact;
+
+use crate::evidence::Export;
 use crate::plan::{PlanError, ServicePlan};
 
 /// The rate-limit service's cluster (gRPC, HTTP/2).
 pub const BUDGET_CLUSTER: &str = "halo-budget";
-/// The rate-limit domain halo-server answers.
-pub const DOMAIN: &str = "halo-budget";
 /// The ratelimit filter's stat prefix: Envoy counts
 /// `cluster.<route cluster>.ratelimit.halo_budget.{ok,over_limit,error,failure_mode_allowed}`.
 pub const STAT_PREFIX: &str = "halo_budget";
 /// The ratelimit filter's name in the chain.
 pub const FILTER_NAME: &str = "envoy.filters.http.ratelimit";
-
-/// Descriptor entry keys.
-pub const PHASE: &str = "phase";
-pub const BUDGETS: &str = "budgets";
-pub const WIRE: &str = "wire";
-/// The alias the call is routed as (after a `routeTo` budget moved it): a spent `routeTo`
-/// budget lets through the calls on its cheaper aliases.
-pub const ALIAS: &str = "alias";
-/// The `phase` values.
-pub const PHASE_CHECK: &str = "check";
-pub const PHASE_SPEND_TOKENS: &str = "spend-tokens";
-pub const PHASE_SPEND_MICRO_USD: &str = "spend-micro-usd";
 
 /// What the policy says of the check (`budgetService`), resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -549,7 +549,7 @@ fn lua_string(s: &str) -> String {
 /// a variable set later needs a restart). A missing or empty key fails this target
 /// alone, closed: 502 `upstream_auth_error`, nothing sent upstream, an error line in
 /// Envoy's log naming the upstream and where its key was looked for, and
-/// [`crate::names::KEY_MISSING_HEADER`] for the halo filter's counter. The key is never logged.
+/// [`halo_contract::names::KEY_MISSING_HEADER`] for the halo filter's counter. The key is never logged.
 pub fn key_lua(upstream: &str, header: &str, bearer: bool, source: &SecretSource) -> String {
     let name: String = upstream
         .chars()
@@ -599,7 +599,7 @@ pub fn key_lua(upstream: &str, header: &str, bearer: bool, source: &SecretSource
   h:headers():replace({header}, {prefix}key)
 end
 "#,
-        marker = lua_string(crate::names::KEY_MISSING_HEADER),
+        marker = lua_string(halo_contract::names::KEY_MISSING_HEADER),
         upstream = lua_string(&name),
         header = lua_string(header),
     )
@@ -728,8 +728,8 @@ pub fn reset_filter(extra: &[&str]) -> Value {
         TARGET_HEADER,
         &format!(
             "%UPSTREAM_METADATA({}:{})%",
-            crate::names::METADATA_NAMESPACE,
-            crate::names::TARGET_METADATA_KEY
+            halo_contract::names::METADATA_NAMESPACE,
+            halo_contract::names::TARGET_METADATA_KEY
         ),
     ));
     header_mutation("halo.attempt-reset", mutations)

@@ -30,8 +30,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::credentials::{self, AttemptTarget, Hosts, SettingsError, TargetCredential};
-use crate::names;
 use crate::tls::UpstreamTls;
+use halo_contract::attempts::{Breaker, RETRIABLE_STATUS_CODES};
+use halo_contract::names;
 
 /// Default request body bound of model calls (the filter's default too).
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
@@ -45,9 +46,6 @@ pub const SERVICE_CONNECT_TIMEOUT_SECONDS: u32 = 5;
 /// Envoy never retries once response headers went downstream, so a stream that failed
 /// mid-body is not retried (invariant 4).
 pub const RETRY_ON: &str = "5xx,connect-failure,retriable-status-codes";
-
-/// The status codes besides 5xx that [`RETRY_ON`] retries.
-pub const RETRIABLE_STATUS_CODES: [u32; 1] = [429];
 
 /// Gateway settings the policy does not carry: where Envoy listens, how it fails over,
 /// what it trusts, the gateway's own credentials. The xDS gateway file
@@ -203,28 +201,6 @@ impl Default for GatewaySettings {
             shadow_url: None,
             shadow_max_in_flight: DEFAULT_SHADOW_MAX_IN_FLIGHT,
             budgets: None,
-        }
-    }
-}
-
-/// The per-target breakers' settings: the gateway setting `breaker`, written into the halo
-/// filter's settings (`settings.breaker`), whose breakers (halo-filter-core's `breaker`)
-/// keep a target whose breaker is open from leading a call. Not Envoy's outlier detection:
-/// that never counts a 429, has no single half-open probe, and would divert the probe.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct Breaker {
-    /// Consecutive failed attempts (a connect error, a reset, a 5xx or a 429) that open it.
-    pub consecutive_failures: u32,
-    /// How long it stays open before one call may probe the target again.
-    pub open_seconds: u32,
-}
-
-impl Default for Breaker {
-    fn default() -> Self {
-        Breaker {
-            consecutive_failures: 5,
-            open_seconds: 30,
         }
     }
 }

@@ -142,7 +142,7 @@ fn every_routed_upstream_has_a_cluster_and_jwt_authn_names_the_policy_identity()
         names,
         [
             "envoy.filters.http.jwt_authn",
-            halo_envoy_config::names::FILTER_NAME,
+            halo_contract::names::FILTER_NAME,
             "envoy.filters.http.router"
         ]
     );

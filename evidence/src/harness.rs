@@ -6,7 +6,7 @@
 //! A harness log record is evidence only when it is one of its harness's per-call events
 //! and carries the halo attribution halod gives the harness as OpenTelemetry resource
 //! attributes (`halo.ring`, `halo.release`, `halo.experiment`, `halo.variant`,
-//! `halo.unit`: the names of the gateway's records, [`halo_envoy_config::evidence`]).
+//! `halo.unit`: the names of the gateway's records, [`halo_contract::facts`]).
 //! Claude Code copies resource attributes onto every log record, Codex and Gemini CLI
 //! keep them on the resource, so the record's own attribute is read first, then the
 //! resource's. Every other event of a harness (prompts, tool calls, configuration) is
@@ -36,7 +36,7 @@
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::logs::v1::LogRecord;
 
-use halo_envoy_config::evidence as names;
+use halo_contract::facts as names;
 
 use crate::Record;
 use crate::otlp::{Attrs, RecordError};

@@ -21,6 +21,7 @@
 //! per received batch, all or nothing, so a crash loses only unacknowledged batches.
 
 pub mod harness;
+pub mod open;
 pub mod otlp;
 pub mod postgres;
 pub mod sqlite;
@@ -29,7 +30,10 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Who vouches for a record: stamped by the receiver it arrived at, never read from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Source {
     /// The gateway (Envoy) itself, with the gateway token: the only source that may trip
     /// a kill automatically.
@@ -203,7 +207,8 @@ impl FromStr for Metric {
 }
 
 /// One value per (variant, unit) and source: what the controller's tests consume.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Sample {
     pub variant: String,
     /// The salted unit hash.

@@ -2,7 +2,7 @@
 //!
 //! One model call is one OTLP log record: what Envoy's OpenTelemetry access logger emits
 //! per decided call, with the attributes halo-envoy-config's `evidence` module renders
-//! (this module reads exactly those names: [`halo_envoy_config::evidence`]). A log
+//! (this module reads exactly those names: [`halo_contract::facts`]). A log
 //! record is evidence when it carries `halo.unit`; any other record is counted as
 //! ignored, not refused. A harness's own event (its name in a harness's namespace:
 //! `claude_code.`, `codex.`, `gemini_cli.`) is read by that harness's mapping table
@@ -30,7 +30,7 @@ use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::logs::v1::LogRecord;
 
-use halo_envoy_config::evidence as names;
+use halo_contract::facts as names;
 
 use crate::{Record, Source, Stamped, harness};
 

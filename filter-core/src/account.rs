@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use halo_envoy_config::evidence::Fact;
+use halo_contract::facts::Fact;
 use halo_policy::Snapshot;
 use halo_policy::admit::Operation;
 use halo_policy::types::{Price, WireProtocol};

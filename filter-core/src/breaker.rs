@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use halo_envoy_config::plan::Breaker as Settings;
+use halo_contract::attempts::Breaker as Settings;
 use halo_policy::cluster_names;
 use halo_policy::types::Target;
 

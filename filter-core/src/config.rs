@@ -20,7 +20,7 @@
 
 use std::net::IpAddr;
 
-use halo_envoy_config::plan::Breaker;
+use halo_contract::attempts::Breaker;
 use halo_policy::Snapshot;
 use serde::Deserialize;
 
@@ -372,7 +372,7 @@ impl Config {
         }
         let route_header = s
             .route_header
-            .unwrap_or_else(|| halo_envoy_config::names::ROUTE_HEADER.to_string())
+            .unwrap_or_else(|| halo_contract::names::ROUTE_HEADER.to_string())
             .to_ascii_lowercase();
         if !route_header.starts_with("x-halo-") || !is_token(&route_header) {
             return Err(ConfigError(format!(
@@ -490,7 +490,7 @@ fn identity_settings(snap: &Snapshot, raw: RawIdentity) -> Result<IdentitySettin
         trusted_proxies,
         allow_anonymous: raw.allow_anonymous,
         jwt_metadata_key: match raw.jwt_metadata_key {
-            None => halo_envoy_config::names::JWT_PAYLOAD_KEY.to_string(),
+            None => halo_contract::names::JWT_PAYLOAD_KEY.to_string(),
             Some(k) if !k.is_empty() => k,
             Some(_) => {
                 return Err(ConfigError(

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
-use halo_envoy_config::evidence::Fact;
+use halo_contract::facts::Fact;
 
 use halo_policy::Snapshot;
 

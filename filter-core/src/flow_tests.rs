@@ -743,7 +743,7 @@ fn the_error_shapes_of_no_available_target_per_wire() {
 
 use std::time::Duration;
 
-use halo_envoy_config::evidence::Fact;
+use halo_contract::facts::Fact;
 use halo_providers::eventstream::chunk_frame;
 
 /// The test snapshot with an upstream of every kind, an alias per wire, and prices for

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use halo_envoy_config::evidence::Fact;
+use halo_contract::facts::Fact;
 
 use crate::breaker::Breakers;
 use crate::config::IdentitySettings;

@@ -17,7 +17,7 @@ use base64::Engine;
 use serde_json::Value;
 
 /// The header jwt_authn's `forward_payload_header` writes the verified payload to.
-pub const PAYLOAD_HEADER: &str = halo_envoy_config::names::JWT_PAYLOAD_HEADER;
+pub const PAYLOAD_HEADER: &str = halo_contract::names::JWT_PAYLOAD_HEADER;
 
 /// What the request carries of a verified token.
 #[derive(Debug, PartialEq, Eq)]

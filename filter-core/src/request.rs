@@ -26,7 +26,7 @@ use crate::hygiene;
 use crate::metrics::Counter;
 use crate::pipeline::{self, Forward, Head, Pending, PrefixEdit, Reply};
 use crate::shadow;
-use halo_envoy_config::names::KEY_MISSING_HEADER;
+use halo_contract::names::KEY_MISSING_HEADER;
 use halo_policy::decide::{Caller, Decision, ShadowMirror};
 
 /// The message of the answer when every target of a model call failed.
@@ -547,7 +547,7 @@ pub fn attempt_outcome(status: Option<u16>, details: Option<&str>) -> Option<boo
 /// Whether `status` moves a call to its next target (the route's `retry_on`: 5xx, 429).
 fn moves_on(status: Option<u16>) -> bool {
     status.is_some_and(|s| {
-        s >= 500 || halo_envoy_config::plan::RETRIABLE_STATUS_CODES.contains(&u32::from(s))
+        s >= 500 || halo_contract::attempts::RETRIABLE_STATUS_CODES.contains(&u32::from(s))
     })
 }
 

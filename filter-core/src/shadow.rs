@@ -26,7 +26,7 @@
 //! ([`crate::host::Host::dispatch`]) to the mirror service's cluster, which Envoy bounds
 //! (the cluster's circuit breakers); the live call never waits for it.
 
-use halo_envoy_config::shadow::ShadowJob;
+use halo_contract::shadow::ShadowJob;
 use halo_policy::Snapshot;
 use halo_policy::cluster_names::{CallClass, EndpointFacts};
 use halo_policy::decide::ShadowMirror;

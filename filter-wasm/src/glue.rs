@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use foldhash::fast::FixedState;
-use halo_envoy_config::evidence::Fact;
-use halo_envoy_config::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
+use halo_contract::facts::Fact;
+use halo_contract::names::{ENDPOINT_FACTS_KEY, METADATA_NAMESPACE};
 use halo_filter_core::attempt::ATTEMPT_PROPERTY;
 use halo_filter_core::breaker::Breakers;
 use halo_filter_core::config::{Config, IdentitySettings, Plugin};

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
+use halo_killswitch::{Action, Target};
 use halo_policy::{Harness, Org};
 use halo_release::adapters::Os;
 use halo_release::build::{RingBuild, build_ring};
@@ -21,7 +22,6 @@ use halo_release::names::pointer_tag;
 use halo_release::oci::{self, Registry, RegistryOptions, prepare_pointer, publish_ring};
 use halo_release::pointer::new_pointer;
 use halo_release::sign::Signer;
-use halo_server::killswitch::{Action, Target};
 use halo_server::server::Running;
 use halo_testkit::registry::Registry as TestRegistry;
 use halod::agent::{Agent, Outcome, Status};

@@ -17,8 +17,8 @@
 //! route header and Envoy re-selects the header rule. Envoy Gateway's jwt_authn writes the
 //! payload under the issuer, which the filter is told through `identity.jwtMetadataKey`.
 
+use halo_contract::names;
 use halo_envoy_config::bootstrap::filter_configuration;
-use halo_envoy_config::names;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};
 

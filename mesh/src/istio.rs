@@ -22,8 +22,8 @@
 
 use std::collections::BTreeMap;
 
+use halo_contract::names;
 use halo_envoy_config::bootstrap::filter_configuration;
-use halo_envoy_config::names;
 use halo_envoy_config::tls::UpstreamTls;
 use halo_policy::Snapshot;
 use serde_json::{Value, json};

@@ -139,6 +139,29 @@ pub fn load_dir(dir: &Path) -> Result<Org, LoadError> {
     load(files, walk.issues, &unreadable)
 }
 
+/// Load, validate and compile `dir`, keeping the documents as written beside the compiled
+/// snapshot; every load or validation error as one line. What halo-server serves and
+/// what `halo controller run` reads each tick.
+pub fn load_checked(dir: &Path) -> Result<(Org, crate::Snapshot), Vec<String>> {
+    let org = match load_dir(dir) {
+        Ok(org) => org,
+        Err(LoadError::Invalid(issues)) => {
+            return Err(issues.iter().map(|i| i.to_string()).collect());
+        }
+        Err(e) => return Err(vec![e.to_string()]),
+    };
+    let issues = crate::validate::validate(&org);
+    if crate::issue::has_errors(&issues) {
+        return Err(issues
+            .iter()
+            .filter(|i| i.is_error())
+            .map(|i| i.to_string())
+            .collect());
+    }
+    let compiled = crate::compile(&org);
+    Ok((org, compiled))
+}
+
 /// Load a policy from memory: `(relative path, contents)` pairs, as if they were the
 /// files of a policy directory (paths use `/`; `halos.yaml` is the root file). Every
 /// given file is loaded, whatever its name; the order of the input does not matter,

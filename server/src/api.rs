@@ -31,12 +31,12 @@ use tokio::sync::watch;
 
 use crate::auth::{Admin, AuthError, OidcVerifier, bearer};
 use crate::fleet::{Device, Fleet, FleetError};
-use crate::killswitch::{Action, Change, KillRecord, KillSwitch, Target, now_rfc3339};
 use crate::listener::Peer;
 use crate::metrics::{Gauges, Metrics};
-use crate::store::{Log, Store, StoreError};
 use crate::throttle::{Gate, Throttle};
 use crate::token::TokenDigest;
+use halo_killswitch::{Action, Change, KillRecord, KillSwitch, Target, audit_kill, now_rfc3339};
+use halo_store::{Log, LogStore, StoreError};
 
 /// The OpenAPI document, checked in beside the crate and kept in sync by a test.
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -72,7 +72,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub struct AppState {
     /// The policy served now: the policy source publishes every accepted edit here.
     pub policy: watch::Receiver<Arc<Served>>,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn LogStore>,
     pub killswitch: Option<Arc<KillSwitch>>,
     pub gateway_token: Option<TokenDigest>,
     pub fleet_token: Option<TokenDigest>,
@@ -549,24 +549,8 @@ fn kill_switch(state: &AppState) -> Result<&Arc<KillSwitch>, ApiError> {
     })
 }
 
-fn audit(store: &dyn Store, record: serde_json::Value) -> Result<(), StoreError> {
+fn audit(store: &dyn LogStore, record: serde_json::Value) -> Result<(), StoreError> {
     store.append(Log::Audit, &record)
-}
-
-/// The audit record of a kill or unkill (an admin's or the controller's).
-pub(crate) fn audit_kill(store: &dyn Store, rec: &KillRecord) -> Result<(), StoreError> {
-    audit(
-        store,
-        json!({
-            "at": now_rfc3339(),
-            "actor": rec.actor,
-            "action": rec.action,
-            "target": rec.target,
-            "name": rec.name,
-            "reason": rec.reason,
-            "seq": rec.seq,
-        }),
-    )
 }
 
 // ---------------------------------------------------------------------------

@@ -48,7 +48,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use halo_envoy_config::budget as names;
+use halo_contract::budget as names;
 use halo_evidence::{BudgetStore, CountKey, Spend};
 use halo_policy::budgets::{self, BudgetKey, Exhausted, Period, Spent};
 use halo_policy::types::{AtLimit, OnServiceDown, WireProtocol};
@@ -213,7 +213,7 @@ pub async fn start(
     );
     // The PostgreSQL client blocks (it runs its own runtime): opened off the async threads.
     let store = tokio::task::spawn_blocking(move || {
-        crate::evidence::open_backend(p.as_deref(), d.as_deref())
+        halo_evidence::open::open_backend(p.as_deref(), d.as_deref())
     })
     .await
     .context("opening the budget store")??;

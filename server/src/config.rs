@@ -330,7 +330,7 @@ pub struct Settings {
     pub budget: crate::budget::BudgetSettings,
     pub console_url: Option<String>,
     /// The in-process controller.
-    pub controller: crate::controller::ControllerSettings,
+    pub controller: halo_controller::assemble::ControllerSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -413,7 +413,7 @@ impl Settings {
                 token_file: flags.budget_token_file,
             },
             console_url: flags.console_url,
-            controller: crate::controller::ControllerSettings {
+            controller: halo_controller::assemble::ControllerSettings {
                 enabled: flags.controller,
                 interval: flags
                     .controller_interval
@@ -421,7 +421,7 @@ impl Settings {
                 policy_repo: flags.controller_policy_repo,
                 base_branch: flags
                     .controller_base_branch
-                    .unwrap_or_else(|| crate::controller::DEFAULT_BASE_BRANCH.to_string()),
+                    .unwrap_or_else(|| halo_controller::assemble::DEFAULT_BASE_BRANCH.to_string()),
                 webhook_url: flags.controller_webhook_url,
                 webhook_secret_file: flags.controller_webhook_secret_file,
                 webhook_slack: flags.controller_webhook_slack,

@@ -222,10 +222,11 @@ pub async fn start(
     }
     // The PostgreSQL client blocks (it runs its own runtime): opened off the async threads.
     let (s, d) = (settings.clone(), data_dir.map(std::path::Path::to_path_buf));
-    let store =
-        tokio::task::spawn_blocking(move || open_store(s.postgres_file.as_deref(), d.as_deref()))
-            .await
-            .context("opening the evidence store")??;
+    let store = tokio::task::spawn_blocking(move || {
+        halo_evidence::open::open_store(s.postgres_file.as_deref(), d.as_deref())
+    })
+    .await
+    .context("opening the evidence store")??;
     let evidence = Arc::new(Evidence {
         store,
         metrics: EvidenceMetrics::default(),
@@ -266,38 +267,6 @@ pub async fn start(
         shutdown: tx,
         tasks,
     }))
-}
-
-/// The evidence store: PostgreSQL when `postgres_file` names its connection string, else
-/// the embedded one in the data dir. Blocking (the PostgreSQL client runs its own runtime).
-/// halo-server's receivers write it; `halo controller run` reads the same one.
-pub fn open_store(
-    postgres_file: Option<&std::path::Path>,
-    data_dir: Option<&std::path::Path>,
-) -> anyhow::Result<Arc<dyn Store>> {
-    Ok(open_backend(postgres_file, data_dir)?)
-}
-
-/// [`open_store`] with the budget counts too (the budget service's store): the same
-/// database, chosen the same way.
-pub fn open_backend(
-    postgres_file: Option<&std::path::Path>,
-    data_dir: Option<&std::path::Path>,
-) -> anyhow::Result<Arc<dyn halo_evidence::Backend>> {
-    if let Some(file) = postgres_file {
-        let params =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let store = halo_evidence::postgres::PgStore::connect(params.trim())
-            .context("connecting to the evidence PostgreSQL")?;
-        return Ok(Arc::new(store));
-    }
-    let dir = data_dir.context(
-        "the evidence receivers and the budget service need --data-dir (the embedded store) or --evidence-postgres-file",
-    )?;
-    let path = dir.join("evidence.db");
-    let store = halo_evidence::sqlite::SqliteStore::open(&path)
-        .with_context(|| format!("opening the evidence store {}", path.display()))?;
-    Ok(Arc::new(store))
 }
 
 async fn prune_loop(

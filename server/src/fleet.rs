@@ -15,8 +15,8 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::sync::Mutex;
 
-use crate::store::{Log, Store, StoreError};
 use crate::token::{TokenDigest, mint};
+use halo_store::{Log, LogStore, StoreError};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "lowercase", deny_unknown_fields)]
@@ -183,9 +183,9 @@ struct State {
     by_token: HashMap<TokenDigest, String>,
 }
 
-/// Enrollments and devices over a [`Store`].
+/// Enrollments and devices over a [`LogStore`].
 pub struct Fleet {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LogStore>,
     state: Mutex<State>,
     device_ttl: Duration,
     enrollment_ttl: Duration,
@@ -222,7 +222,7 @@ fn new_id(prefix: &str) -> Result<String, FleetError> {
 
 impl Fleet {
     pub fn open(
-        store: Arc<dyn Store>,
+        store: Arc<dyn LogStore>,
         device_ttl: Duration,
         enrollment_ttl: Duration,
     ) -> Result<Fleet, StoreError> {

@@ -33,13 +33,13 @@ pub mod console;
 pub mod controller;
 pub mod evidence;
 pub mod fleet;
-pub mod killswitch;
+
 pub mod listener;
 pub mod metrics;
 pub mod server;
 pub mod shadow;
 pub mod sigv4;
-pub mod store;
+
 pub mod throttle;
 pub mod token;
 pub mod xds;

@@ -15,12 +15,12 @@ use crate::api::{AppState, admin_router, router};
 use crate::auth::{OidcVerifier, http_client};
 use crate::config::Settings;
 use crate::fleet::Fleet;
-use crate::killswitch::KillSwitch;
 use crate::listener::{JsonListener, Peer};
 use crate::metrics::Metrics;
-use crate::store::{FileStore, MemoryStore, Store};
 use crate::throttle::Throttle;
 use crate::token::read_token_file;
+use halo_killswitch::KillSwitch;
+use halo_store::{FileStore, LogStore, MemoryStore};
 
 /// The first load of the policy dir failed: every problem, one per line.
 pub fn policy_error(e: SourceError) -> anyhow::Error {
@@ -30,7 +30,7 @@ pub fn policy_error(e: SourceError) -> anyhow::Error {
 /// Everything the state holds but the policy: read from settings (every file), with
 /// the store and the kill log open.
 struct Parts {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LogStore>,
     killswitch: Option<Arc<KillSwitch>>,
     gateway_token: Option<crate::token::TokenDigest>,
     fleet_token: Option<crate::token::TokenDigest>,
@@ -62,7 +62,7 @@ fn open_parts(settings: &Settings) -> anyhow::Result<Parts> {
         }
         _ => None,
     };
-    let store: Arc<dyn Store> = match &settings.data_dir {
+    let store: Arc<dyn LogStore> = match &settings.data_dir {
         Some(dir) => Arc::new(
             FileStore::open(dir).with_context(|| format!("opening data dir {}", dir.display()))?,
         ),
@@ -224,7 +224,7 @@ pub async fn start_with(
         parts
             .killswitch
             .as_ref()
-            .map(|switch| crate::controller::ServerKill {
+            .map(|switch| halo_controller::assemble::ServerKill {
                 switch: Arc::clone(switch),
                 store: Arc::clone(&parts.store),
             }),
@@ -239,7 +239,7 @@ pub async fn start_with(
             );
             Some(
                 tokio::task::spawn_blocking(move || {
-                    crate::evidence::open_store(pg.as_deref(), dir.as_deref())
+                    halo_evidence::open::open_store(pg.as_deref(), dir.as_deref())
                 })
                 .await
                 .context("opening the evidence store")??,
@@ -282,7 +282,7 @@ pub async fn start_with(
         ks.spawn_resigner();
         if settings.data_dir.is_some() {
             // `halo controller run` may append kills to this data dir.
-            ks.spawn_follower(crate::killswitch::FOLLOW_EVERY);
+            ks.spawn_follower(halo_killswitch::FOLLOW_EVERY);
         }
     }
     let (tx, rx) = tokio::sync::watch::channel(false);

@@ -42,10 +42,10 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use halo_contract::shadow::ShadowJob;
 use halo_envoy_config::credentials::{
     Hosts, SecretSource, TargetCredential, expand_header_value, target_credential,
 };
-use halo_envoy_config::shadow::ShadowJob;
 use halo_evidence::{Record, Source, Stamped, Store};
 use halo_policy::types::UpstreamKind;
 use halo_providers::usage::{Dialect, Framing, Meter};

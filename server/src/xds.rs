@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::config::Settings;
-use crate::killswitch::KillSwitch;
+use halo_killswitch::KillSwitch;
 
 /// How often the policy dir's content hash is checked.
 pub const POLICY_POLL: Duration = Duration::from_millis(250);
@@ -295,7 +295,7 @@ pub async fn start(
     let mut tasks = Vec::new();
     if let Some(ks) = killswitch {
         let mut signed = ks.subscribe();
-        let text = |s: &crate::killswitch::SignedList| String::from_utf8(s.envelope.to_vec()).ok();
+        let text = |s: &halo_killswitch::SignedList| String::from_utf8(s.envelope.to_vec()).ok();
         pushed.send_modify(|p| p.kill_list = text(&signed.borrow_and_update()));
         let tx = pushed.clone();
         tasks.push(tokio::spawn(async move {

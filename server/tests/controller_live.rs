@@ -15,7 +15,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 
 use halo_evidence::Source;
-use halo_server::killswitch::Target;
+use halo_killswitch::Target;
 use serde_json::json;
 use support::controller::{
     EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, assert_one_rollback, git, git_remote, policy_repo,

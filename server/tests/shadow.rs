@@ -160,7 +160,7 @@ async fn ask(client: &reqwest::Client, port: u16, token: &str, alias: &str) -> (
 
 /// The treatment's samples of `metric` for `experiment`, once there are any (bounded).
 fn samples(data: &std::path::Path, experiment: &str, metric: Metric) -> Vec<halo_evidence::Sample> {
-    let store = halo_server::evidence::open_store(None, Some(data)).expect("store");
+    let store = halo_evidence::open::open_store(None, Some(data)).expect("store");
     let query = SampleQuery {
         experiment: experiment.into(),
         metric,

@@ -58,7 +58,7 @@ use halo_envoy_config::plan::{
     ServicePlan, TargetPlan,
 };
 
-use halo_envoy_config::names::METADATA_NAMESPACE;
+use halo_contract::names::METADATA_NAMESPACE;
 
 fn any<T: Message + Name>(m: &T) -> Any {
     Any {

@@ -184,28 +184,7 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io
 
 /// Load, validate and compile `dir`: the compiled snapshot, or every problem as a line.
 pub fn load_policy(dir: &Path) -> Result<halo_policy::Snapshot, Vec<String>> {
-    load_org(dir).map(|(_, compiled)| compiled)
-}
-
-/// [`load_policy`], keeping the documents as written beside the compiled snapshot.
-pub fn load_org(dir: &Path) -> Result<(halo_policy::Org, halo_policy::Snapshot), Vec<String>> {
-    let org = match halo_policy::load::load_dir(dir) {
-        Ok(org) => org,
-        Err(halo_policy::load::LoadError::Invalid(issues)) => {
-            return Err(issues.iter().map(|i| i.to_string()).collect());
-        }
-        Err(e) => return Err(vec![e.to_string()]),
-    };
-    let issues = halo_policy::validate::validate(&org);
-    if halo_policy::issue::has_errors(&issues) {
-        return Err(issues
-            .iter()
-            .filter(|i| i.is_error())
-            .map(|i| i.to_string())
-            .collect());
-    }
-    let compiled = halo_policy::compile(&org);
-    Ok((org, compiled))
+    halo_policy::load::load_checked(dir).map(|(_, compiled)| compiled)
 }
 
 impl PolicySource {
@@ -257,7 +236,7 @@ impl PolicySource {
         transform: Option<Transform>,
     ) -> Result<PolicySource, SourceError> {
         let load = move |dir: &Path| {
-            load_org(dir).map(|(org, compiled)| {
+            halo_policy::load::load_checked(dir).map(|(org, compiled)| {
                 let compiled = match &transform {
                     Some(t) => t(compiled),
                     None => compiled,

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use halo_controller::controller::{Controller, PolicyError, PolicySource};
-use halo_controller::evidence::{EvidenceError, EvidenceSource, Sample, Source};
-use halo_controller::kill::{KillError, KillSwitch};
+use halo_controller::controller::{Controller, PolicyError, PolicyPort};
+use halo_controller::evidence::{EvidenceError, EvidencePort, Sample, Source};
+use halo_controller::kill::{KillError, KillPort};
 use halo_controller::notify::{self, Format, Webhook};
 use halo_controller::pr::GitWriter;
 use halo_policy::types::{ExperimentStatus, Org};
@@ -236,7 +236,7 @@ impl Served {
     }
 }
 
-impl PolicySource for Served {
+impl PolicyPort for Served {
     fn current(&self) -> BoxFuture<'_, Result<Arc<Org>, PolicyError>> {
         let org = self.0.lock().unwrap().clone();
         Box::pin(async move { Ok(org) })
@@ -271,7 +271,7 @@ impl Evidence {
     }
 }
 
-impl EvidenceSource for Evidence {
+impl EvidencePort for Evidence {
     fn samples<'a>(
         &'a self,
         experiment: &'a str,
@@ -340,7 +340,7 @@ pub struct Kills {
     pub not_served: AtomicBool,
 }
 
-impl KillSwitch for Kills {
+impl KillPort for Kills {
     fn is_killed<'a>(&'a self, experiment: &'a str) -> BoxFuture<'a, Result<bool, KillError>> {
         let k = self.killed.lock().unwrap().contains(experiment);
         Box::pin(async move { Ok(k) })
@@ -459,7 +459,7 @@ impl Rig {
 
     /// A controller (as after a restart: state read from the data dir).
     pub fn controller(&self, with_key: bool) -> Controller {
-        let kill: Option<Arc<dyn KillSwitch>> = if with_key {
+        let kill: Option<Arc<dyn KillPort>> = if with_key {
             Some(self.kills.clone())
         } else {
             None

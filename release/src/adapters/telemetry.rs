@@ -28,7 +28,7 @@
 //!
 //! Only a harness whose rendered settings enable telemetry is touched.
 
-use halo_envoy_config::evidence as names;
+use halo_contract::facts as names;
 use halo_policy::{Harness, assign};
 
 use super::{FILE_MODE, Os, RenderedFile, codex, gemini_cli, json_bytes, settings_file};

@@ -36,9 +36,9 @@ use serde_json::Value;
 
 use crate::api::{ApiError, Shared, kill_or_unkill, revoke_device_for};
 use crate::auth::{Admin, AuthError};
-use crate::killswitch::{Action, Target};
-use crate::store::Log;
 use crate::xds::XdsHost;
+use halo_killswitch::{Action, Target};
+use halo_store::Log;
 use pages::{Viewer, killed_cell, page, problem};
 use session::{LOGIN_COOKIE, LOGIN_LIFETIME, Login, SESSION_COOKIE, SESSION_LIFETIME, Session};
 

@@ -165,7 +165,7 @@ pub struct Reply {
 
 impl Server {
     /// The running server's kill switch (it has a kill key).
-    pub fn killswitch(&self) -> std::sync::Arc<halo_server::killswitch::KillSwitch> {
+    pub fn killswitch(&self) -> std::sync::Arc<halo_killswitch::KillSwitch> {
         let running = self.running.as_ref().expect("running");
         running.state.killswitch.clone().expect("a kill key")
     }

@@ -16,7 +16,7 @@ use halo_testkit::{free_port, workspace_root};
 use halo_xds::{GatewaySettings, NodeKey, SnapshotCache, snapshot_of};
 use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_halo");
+const BIN: &str = env!("CARGO_BIN_EXE_halo-e2e-cli");
 /// The policy's issuer (the guardrail wants https); the fake's JWKS is given to Envoy as
 /// jwksUri and its tokens carry this `iss`.
 const ISSUER: &str = "https://issuer.acme.test";

@@ -16,7 +16,7 @@ use halo_evidence::{Record, otlp};
 use prost::Message as _;
 use support::{Env, serve};
 
-const HALO: &str = env!("CARGO_BIN_EXE_halo");
+const HALO: &str = env!("CARGO_BIN_EXE_halo-e2e-cli");
 const OTLP_GATEWAY_TOKEN: &str = "9b8e7d1c2a3f40516e7d8c9b0a1f2e3d4c5b6a79808f7e6d5c4b3a2910f8e7d6";
 
 async fn halo(args: Vec<String>, token: String) -> Output {

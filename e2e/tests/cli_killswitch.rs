@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 
 use support::{Env, serve};
 
-const HALO: &str = env!("CARGO_BIN_EXE_halo");
+const HALO: &str = env!("CARGO_BIN_EXE_halo-e2e-cli");
 
 async fn halo(args: Vec<String>, token: Option<String>) -> Output {
     tokio::task::spawn_blocking(move || {
@@ -206,7 +206,7 @@ async fn test_controller_run_flags() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_run_kills_through_the_data_dir_a_halo_server_serves() {
     use halo_evidence::Source;
-    use halo_server::killswitch::Target;
+    use halo_killswitch::Target;
     use support::controller::{
         EXP, OTLP_GATEWAY_TOKEN, WEBHOOK_SECRET, assert_one_rollback, policy_repo, post_breach,
         webhook,

@@ -1,4 +1,5 @@
-//! Storage behind a trait: named append-only logs of JSON records.
+//! halo-store: halo-server's durable state behind a trait, named append-only logs of JSON
+//! records ([`LogStore`]).
 //!
 //! Everything halo-server keeps is a history (kills and unkills, the audit trail,
 //! enrollment tokens, devices, fleet reports) whose current state is a fold over its
@@ -70,7 +71,7 @@ pub enum StoreError {
 }
 
 /// Durable append-only logs.
-pub trait Store: Send + Sync + 'static {
+pub trait LogStore: Send + Sync + 'static {
     /// Append one record; returns only once it is durable.
     fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError>;
     /// Every record of `log`, oldest first.
@@ -93,7 +94,7 @@ pub trait Store: Send + Sync + 'static {
 ///
 /// Several processes may share the directory (halo-server, and `halo controller run`
 /// appending kills): each append holds an exclusive lock on the log file (`flock`), each
-/// read a shared one, so a reader never sees half a record and [`Store::append_next`]
+/// read a shared one, so a reader never sees half a record and [`LogStore::append_next`]
 /// reads and appends with nobody in between.
 #[derive(Debug)]
 pub struct FileStore {
@@ -231,7 +232,7 @@ fn repair_torn_tail(file: &mut File) -> std::io::Result<()> {
     Ok(())
 }
 
-impl Store for FileStore {
+impl LogStore for FileStore {
     fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
         let _lock = self.lock(log, true)?;
         self.append_unlocked(log, record)
@@ -296,7 +297,7 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
+impl LogStore for MemoryStore {
     fn append(&self, log: Log, record: &serde_json::Value) -> Result<(), StoreError> {
         self.check_failing(log)?;
         self.logs

@@ -1,4 +1,4 @@
-//! The kill switch, server side (ADR-0009): the append-only kill log, the current kill
+//! halo-killswitch: the kill switch, server side (ADR-0009): the append-only kill log, the current kill
 //! state, and the signed list gateways and devices fetch.
 //!
 //! State is a fold over `killswitch.jsonl`: a kill record adds the name, an unkill record
@@ -24,7 +24,10 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tokio::sync::{Mutex, watch};
 
-use crate::store::{Log, Store, StoreError};
+use halo_store::{Log, LogStore, StoreError};
+
+/// The actor the kill log and the audit log name for the controller's kills.
+pub const CONTROLLER_ACTOR: &str = "halo-controller";
 
 /// How often the published envelope is re-signed without a change.
 pub const RESIGN_EVERY: Duration = Duration::from_secs(120);
@@ -164,7 +167,7 @@ pub enum Change {
 
 /// The kill switch: log, state and the signed list.
 pub struct KillSwitch {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LogStore>,
     key: SigningKey,
     state: Mutex<KillState>,
     // Each envelope's issuedAt is strictly after the previous one, even if the clock
@@ -180,7 +183,7 @@ impl std::fmt::Debug for KillSwitch {
 }
 
 /// Read the kill log into a state (strictly: an undecodable record is an error).
-pub fn load_state(store: &dyn Store) -> Result<KillState, StoreError> {
+pub fn load_state(store: &dyn LogStore) -> Result<KillState, StoreError> {
     fold(&store.read_all(Log::Killswitch)?)
 }
 
@@ -203,7 +206,7 @@ fn fold(records: &[serde_json::Value]) -> Result<KillState, StoreError> {
 /// by halo-server's switch, and by `halo controller run` into the data dir a halo-server
 /// serves.
 pub fn append_record(
-    store: &dyn Store,
+    store: &dyn LogStore,
     make: impl FnOnce(u64) -> KillRecord,
 ) -> Result<(KillRecord, KillState), StoreError> {
     let mut make = Some(make);
@@ -232,7 +235,7 @@ pub fn now_rfc3339() -> String {
 
 impl KillSwitch {
     /// Load the kill log and sign the first envelope.
-    pub fn open(store: Arc<dyn Store>, key: SigningKey) -> Result<Arc<KillSwitch>, KillError> {
+    pub fn open(store: Arc<dyn LogStore>, key: SigningKey) -> Result<Arc<KillSwitch>, KillError> {
         let state = load_state(store.as_ref()).map_err(KillError::Log)?;
         let now = OffsetDateTime::now_utc();
         let first = sign_state(&state, &key, now)?;
@@ -441,10 +444,27 @@ fn sign_state(
     })
 }
 
+/// The audit record of a kill or unkill (an admin's or the controller's), appended to the
+/// audit log of the store the kill log is in.
+pub fn audit_kill(store: &dyn LogStore, rec: &KillRecord) -> Result<(), StoreError> {
+    store.append(
+        Log::Audit,
+        &serde_json::json!({
+            "at": now_rfc3339(),
+            "actor": rec.actor,
+            "action": rec.action,
+            "target": rec.target,
+            "name": rec.name,
+            "reason": rec.reason,
+            "seq": rec.seq,
+        }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
+    use halo_store::MemoryStore;
 
     fn key() -> SigningKey {
         SigningKey::from_bytes(&[7u8; 32])

@@ -24,9 +24,10 @@ use halo_testkit::oidc::FakeIssuer;
 use halo_testkit::{wait_until, workspace_root};
 use serde_json::{Value, json};
 
+#[path = "../../cli/tests/common/mod.rs"]
 mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_halo");
+const BIN: &str = env!("CARGO_BIN_EXE_halo-e2e-cli");
 const EMAIL: &str = "alice@acme.test";
 
 /// The apiKeyHelper of the canary ring's Claude Code managed settings.
