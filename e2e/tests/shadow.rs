@@ -474,7 +474,7 @@ async fn acme_corps_gpt_shadow_is_mirrored_by_halo_server_and_recorded() {
     assert_eq!(samples[0].variant, "gpt-5-1");
     assert_eq!(samples[0].source, halo_evidence::Source::Shadow);
     assert_eq!(samples[0].value, 0.0, "the treatment answered");
-    let metrics = server.state.shadow.as_ref().expect("shadow metrics");
+    let metrics = &server.shadow.as_ref().expect("shadow metrics").metrics;
     assert_eq!(metrics.jobs("recorded"), 1);
     server.shutdown().await;
 }

@@ -177,9 +177,8 @@ impl World {
 
     /// Enroll a device for `user` (groups: halos-canary) over HTTP; returns the token file.
     async fn enroll(&self, user: &str) -> PathBuf {
-        let state = &self.server.as_ref().unwrap().state;
-        let minted = state
-            .fleet
+        let devices = &self.server.as_ref().unwrap().fleet.devices;
+        let minted = devices
             .mint_enrollment("test", Some(user.into()), vec!["halos-canary".into()])
             .await
             .unwrap();
@@ -233,14 +232,7 @@ impl World {
     }
 
     async fn kill(&self, action: Action) {
-        let ks = self
-            .server
-            .as_ref()
-            .unwrap()
-            .state
-            .killswitch
-            .clone()
-            .unwrap();
+        let ks = self.server.as_ref().unwrap().killswitch().cloned().unwrap();
         ks.change(
             "test",
             action,

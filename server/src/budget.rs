@@ -55,7 +55,11 @@ use halo_policy::types::{AtLimit, OnServiceDown, WireProtocol};
 use halo_xds::{Pushed, Served};
 use tokio::sync::watch;
 
+use crate::auth::Admin;
+use crate::http::admin::AdminState;
+use crate::http::{AdminAuth, ApiError, Disabled, disabled};
 use crate::token::{TokenDigest, read_token_file};
+use halo_metrics::{CounterMap, Kind, Text};
 
 /// The budget service's settings (`--budget-listen`, `--budget-token-file`).
 #[derive(Debug, Clone, Default)]
@@ -90,7 +94,7 @@ impl Clock {
 /// What the service counted, for /metrics.
 #[derive(Debug, Default)]
 pub struct BudgetMetrics {
-    checks: std::sync::Mutex<BTreeMap<&'static str, u64>>,
+    checks: CounterMap<&'static str>,
     spent_tokens: AtomicU64,
     spent_micro_usd: AtomicU64,
     store_errors: AtomicU64,
@@ -98,22 +102,12 @@ pub struct BudgetMetrics {
 
 impl BudgetMetrics {
     fn check(&self, outcome: &'static str) {
-        *self
-            .checks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(outcome)
-            .or_insert(0) += 1;
+        self.checks.inc(outcome);
     }
 
     /// Checks answered with `outcome` (ok, over, fail_open, fail_closed).
-    pub fn checks(&self, outcome: &str) -> u64 {
-        self.checks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(outcome)
-            .copied()
-            .unwrap_or(0)
+    pub fn checks(&self, outcome: &'static str) -> u64 {
+        self.checks.get(&outcome)
     }
 
     /// Tokens added to budget counts since start.
@@ -121,25 +115,41 @@ impl BudgetMetrics {
         self.spent_tokens.load(Ordering::Relaxed)
     }
 
+    /// Its families as Prometheus text (what `/metrics` shows of it).
     pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::from(
-            "# HELP halo_server_budget_checks_total Budget checks by outcome (ok, over, fail_open, fail_closed).\n# TYPE halo_server_budget_checks_total counter\n",
+        let mut text = Text::new();
+        self.write_prometheus(&mut text);
+        text.finish()
+    }
+
+    pub fn write_prometheus(&self, out: &mut Text) {
+        out.counters(
+            "halo_server_budget_checks_total",
+            "Budget checks by outcome (ok, over, fail_open, fail_closed).",
+            &["outcome"],
+            &self.checks,
         );
-        for (outcome, n) in self.checks.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(
-                out,
-                "halo_server_budget_checks_total{{outcome=\"{outcome}\"}} {n}"
-            );
-        }
-        let _ = write!(
-            out,
-            "# HELP halo_server_budget_spend_total Amounts added to budget counts.\n# TYPE halo_server_budget_spend_total counter\nhalo_server_budget_spend_total{{unit=\"tokens\"}} {}\nhalo_server_budget_spend_total{{unit=\"micro_usd\"}} {}\n# HELP halo_server_budget_store_errors_total Budget store reads or writes that failed.\n# TYPE halo_server_budget_store_errors_total counter\nhalo_server_budget_store_errors_total {}\n",
+        out.family(
+            "halo_server_budget_spend_total",
+            Kind::Counter,
+            "Amounts added to budget counts.",
+        )
+        .sample(
+            "halo_server_budget_spend_total",
+            &[("unit", "tokens")],
             self.spent_tokens.load(Ordering::Relaxed),
+        )
+        .sample(
+            "halo_server_budget_spend_total",
+            &[("unit", "micro_usd")],
             self.spent_micro_usd.load(Ordering::Relaxed),
+        );
+        out.single(
+            "halo_server_budget_store_errors_total",
+            Kind::Counter,
+            "Budget store reads or writes that failed.",
             self.store_errors.load(Ordering::Relaxed),
         );
-        out
     }
 }
 
@@ -708,29 +718,56 @@ pub struct BudgetStatus {
     pub spent: bool,
 }
 
+/// The budget service's API route.
+pub const ROUTES: &[(&str, &str)] = &[("GET", "/api/v1/budgets/status")];
+
+/// Its answer without `--budget-listen`.
+pub const DISABLED: Disabled = Disabled {
+    status: axum::http::StatusCode::NOT_FOUND,
+    code: "budgets_disabled",
+    message: "this halo-server runs no budget service (see --budget-listen)",
+};
+
+/// The budgets' status as the API serves it.
+pub struct BudgetsApi {
+    pub budgets: Arc<Budgets>,
+    pub admin: Arc<AdminAuth>,
+}
+
+impl AdminState for BudgetsApi {
+    fn admin_auth(&self) -> &AdminAuth {
+        &self.admin
+    }
+}
+
+impl BudgetsApi {
+    /// The status route, or its refusal without the service.
+    pub fn router(api: Option<Arc<BudgetsApi>>) -> axum::Router {
+        match api {
+            Some(api) => axum::Router::new()
+                .route("/api/v1/budgets/status", axum::routing::get(status))
+                .with_state(api),
+            None => disabled(ROUTES, DISABLED),
+        }
+    }
+}
+
 /// The budgets that apply to a user (the filter's answer) and their counts now: what
 /// `halo budget status --user U` prints. Admin only: it names the user.
-pub(crate) async fn status(
-    axum::extract::State(state): axum::extract::State<Arc<crate::api::AppState>>,
-    headers: axum::http::HeaderMap,
+async fn status(
+    axum::extract::State(api): axum::extract::State<Arc<BudgetsApi>>,
+    _admin: Admin,
     query: Result<axum::extract::Query<StatusParams>, axum::extract::rejection::QueryRejection>,
-) -> Result<axum::Json<serde_json::Value>, crate::api::ApiError> {
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
     use axum::http::StatusCode;
-    crate::api::admin(&state, &headers).await?;
     let Ok(axum::extract::Query(params)) = query else {
-        return Err(crate::api::ApiError::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
             "user is required; groups is a comma-separated list",
         ));
     };
-    let Some(budgets) = &state.budget else {
-        return Err(crate::api::ApiError::new(
-            StatusCode::NOT_FOUND,
-            "budgets_disabled",
-            "this halo-server runs no budget service (see --budget-listen)",
-        ));
-    };
+    let budgets = &api.budgets;
     let subject = halo_policy::decide::Subject {
         user: params.user.clone(),
         groups: params
@@ -759,7 +796,7 @@ pub(crate) async fn status(
         .ok()
         .and_then(Result::ok)
         .ok_or_else(|| {
-            crate::api::ApiError::new(
+            ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "budget_store_failed",
                 "the budget store cannot be read now",

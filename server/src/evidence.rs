@@ -37,6 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use halo_evidence::otlp;
 use halo_evidence::{Source, Store};
+use halo_metrics::{CounterMap, Text};
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
     LogsService, LogsServiceServer,
 };
@@ -46,6 +47,9 @@ use opentelemetry_proto::tonic::collector::logs::v1::{
 use prost::Message as _;
 use serde_json::json;
 
+use crate::auth::Admin;
+use crate::http::admin::AdminState;
+use crate::http::{AdminAuth, ApiError, Disabled, disabled};
 use crate::token::{TokenDigest, read_token_file};
 
 /// Default largest batch (encoded OTLP request) accepted.
@@ -117,7 +121,7 @@ impl EvidenceSettings {
 /// Counters per source for /metrics: log records received, refused and stored.
 #[derive(Debug, Default)]
 pub struct EvidenceMetrics {
-    counts: std::sync::Mutex<std::collections::BTreeMap<(&'static str, &'static str), u64>>,
+    counts: CounterMap<(&'static str, &'static str)>,
 }
 
 impl EvidenceMetrics {
@@ -125,37 +129,28 @@ impl EvidenceMetrics {
         if n == 0 {
             return;
         }
-        *self
-            .counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((what, source.as_str()))
-            .or_insert(0) += n as u64;
+        self.counts.add((what, source.as_str()), n as u64);
     }
 
     /// The count of `what` (received, refused, stored, ignored) for `source`.
-    pub fn get(&self, what: &str, source: Source) -> u64 {
-        self.counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(what, source.as_str()))
-            .copied()
-            .unwrap_or(0)
+    pub fn get(&self, what: &'static str, source: Source) -> u64 {
+        self.counts.get(&(what, source.as_str()))
     }
 
+    /// Its families as Prometheus text (what `/metrics` shows of it).
     pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = String::from(
-            "# HELP halo_server_evidence_records_total OTLP log records by outcome (received, refused, stored, ignored) and the source the receiver stamped.\n# TYPE halo_server_evidence_records_total counter\n",
+        let mut text = Text::new();
+        self.write_prometheus(&mut text);
+        text.finish()
+    }
+
+    pub fn write_prometheus(&self, out: &mut Text) {
+        out.counters(
+            "halo_server_evidence_records_total",
+            "OTLP log records by outcome (received, refused, stored, ignored) and the source the receiver stamped.",
+            &["outcome", "source"],
+            &self.counts,
         );
-        for ((what, source), n) in counts.iter() {
-            let _ = writeln!(
-                out,
-                "halo_server_evidence_records_total{{outcome=\"{what}\",source=\"{source}\"}} {n}"
-            );
-        }
-        out
     }
 }
 
@@ -395,19 +390,9 @@ impl LogsService for GrpcZone {
     }
 }
 
+/// A refusal of the OTLP/HTTP receivers and the samples API, in the API's error shape.
 fn error(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {
-    let mut resp = (
-        status,
-        axum::Json(json!({"error": code, "message": message.into()})),
-    )
-        .into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            axum::http::HeaderValue::from_static("Bearer realm=\"halos\""),
-        );
-    }
-    resp
+    ApiError::new(status, code, message).into_response()
 }
 
 /// How an OTLP/HTTP body is encoded; the answer is encoded the same way (OTLP/HTTP
@@ -574,6 +559,42 @@ async fn serve(
     }
 }
 
+/// The samples API's routes.
+pub const ROUTES: &[(&str, &str)] = &[("GET", "/api/v1/evidence/samples")];
+
+/// Its answer without a store to read.
+pub const DISABLED: Disabled = Disabled {
+    status: StatusCode::NOT_FOUND,
+    code: "evidence_disabled",
+    message: "this halo-server runs no evidence receiver or mirror service (see --otlp-gateway-listen, --shadow-listen)",
+};
+
+/// The samples API (`halo evidence query`): the store the receivers write, else the
+/// mirror service's (a halo-server that only mirrors still answers for its shadow
+/// variants).
+pub struct SamplesApi {
+    pub store: Arc<dyn Store>,
+    pub admin: Arc<AdminAuth>,
+}
+
+impl AdminState for SamplesApi {
+    fn admin_auth(&self) -> &AdminAuth {
+        &self.admin
+    }
+}
+
+impl SamplesApi {
+    /// The samples route, or its refusal without a store.
+    pub fn router(api: Option<Arc<SamplesApi>>) -> axum::Router {
+        match api {
+            Some(api) => axum::Router::new()
+                .route("/api/v1/evidence/samples", axum::routing::get(samples))
+                .with_state(api),
+            None => disabled(ROUTES, DISABLED),
+        }
+    }
+}
+
 /// `GET /api/v1/evidence/samples?experiment=X&metric=M[&since=24h]` (admin): the
 /// per-variant summary of the samples of the last `since` (default 24h).
 #[derive(Debug, serde::Deserialize)]
@@ -584,14 +605,11 @@ pub struct SamplesParams {
     pub since: Option<String>,
 }
 
-pub(crate) async fn samples(
-    State(state): State<Arc<crate::api::AppState>>,
-    headers: HeaderMap,
+async fn samples(
+    State(api): State<Arc<SamplesApi>>,
+    _admin: Admin,
     query: Result<axum::extract::Query<SamplesParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    if let Err(e) = crate::api::admin(&state, &headers).await {
-        return e.into_response();
-    }
     let Ok(axum::extract::Query(params)) = query else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -621,13 +639,7 @@ pub(crate) async fn samples(
             );
         }
     };
-    let Some(store) = &state.samples else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "evidence_disabled",
-            "this halo-server runs no evidence receiver or mirror service (see --otlp-gateway-listen, --shadow-listen)",
-        );
-    };
+    let store = &api.store;
     let until = now_ms();
     let query = halo_evidence::SampleQuery {
         experiment: params.experiment.clone(),

@@ -1,45 +1,46 @@
 //! halo-server: the Halos web API for admins and fleets, and the signed kill switch
 //! (ADR-0009).
 //!
-//! Code map:
-//! - [`config`]: flags > `HALO_SERVER_<FLAG>` env > `--config` YAML > defaults.
-//! - [`server`]: startup (policy, keys, tokens, store) and the two listeners.
-//! - [`api`]: routes, per-route authentication, JSON errors.
-//! - [`killswitch`]: the kill log, kill state, signed list and its `watch` channel
-//!   (what the xDS server subscribes to, to push kills).
-//! - [`listener`]: the TCP listener that turns hyper's own bare refusals (400, 414, 431)
-//!   into JSON, so every answer is JSON.
-//! - [`auth`]: admin OIDC JWTs against the policy issuer's JWKS.
-//! - [`fleet`]: enrollment tokens, device tokens, reports.
-//! - [`token`]: shared-secret rules (ADR-0009 final amendment), digests, minting.
-//! - [`throttle`]: per-address slowing and blocking of failed token attempts.
-//! - [`controller`]: halo-controller's kill-switch port onto this server's switch.
-//! - [`store`]: the append-only log trait and its file and memory implementations.
-//! - [`metrics`]: Prometheus text for /metrics.
-//! - [`evidence`]: the OTLP evidence receivers per trust zone, the evidence store and
-//!   the samples query.
-//! - [`shadow`]: the mirror service (`--shadow-listen`, `POST /mirror`): shadow jobs sent
-//!   to the shadow variant's target, their answers recorded as evidence (source shadow).
-//! - [`sigv4`]: the mirror's SigV4 signature for Bedrock jobs (the AWS SDK's signer, the
-//!   environment's key pair).
-//! - [`budget`]: the budget service (Envoy's rate-limit service), counts in the evidence
-//!   store's database.
+//! Features composed in one place: each feature owns its state and its routes, and
+//! [`server`] is the only module that knows them all (it builds each one from its own
+//! parts, registers its metrics, mounts its routes). Beneath the features, leaves they
+//! share and that import none of them:
+//! - [`http`]: the one error type and JSON error body, the `Admin` extractor, shared
+//!   secrets under the per-address throttle, the router of a feature that is off, the
+//!   JSON listener;
+//! - [`auth`]: admin OIDC JWTs against the policy issuer's JWKS;
+//! - [`token`]: shared-secret rules (ADR-0009 final amendment), digests, minting;
+//! - [`policy`]: the policy served now.
+//!
+//! The features:
+//! - [`capabilities`]: what this server serves, and the OpenAPI document;
+//! - [`kill`]: kill and unkill, the kill state, the signed list for gateways and
+//!   devices (the kill log is halo-killswitch's);
+//! - [`fleet`]: enrollment tokens, enrollment, rings, reports, devices;
+//! - [`evidence`]: the OTLP evidence receivers per trust zone and the samples API;
+//! - [`budget`]: the budget service (Envoy's rate-limit service) and its status API;
+//! - [`shadow`]: the mirror service (`--shadow-listen`, `POST /mirror`), with [`sigv4`]
+//!   for Bedrock jobs;
+//! - [`controller`]: halo-controller's loop on this server's ports, its status API;
+//! - [`xds`]: the xDS host (`--xds-listen`) and `/xds/status`;
+//! - [`console`]: the admin console, a view over kill, fleet and the controller.
+//!
+//! [`config`] resolves flags > `HALO_SERVER_<FLAG>` env > `--config` YAML > defaults into
+//! each feature's settings.
 
-pub mod api;
 pub mod auth;
 pub mod budget;
+pub mod capabilities;
 pub mod config;
 pub mod console;
 pub mod controller;
 pub mod evidence;
 pub mod fleet;
-
-pub mod listener;
-pub mod metrics;
+pub mod http;
+pub mod kill;
+pub mod policy;
 pub mod server;
 pub mod shadow;
 pub mod sigv4;
-
-pub mod throttle;
 pub mod token;
 pub mod xds;

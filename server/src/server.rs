@@ -1,30 +1,50 @@
-//! Startup: read keys and tokens, open the store, bind both listeners, start the policy
-//! source (the policy dir, watched; with `--xds-listen` it also feeds the xDS server) and
-//! serve until shutdown. The API reads the policy the source serves now, never a copy
-//! taken at startup.
+//! Startup, and the one place that knows every feature: read keys and tokens, open the
+//! store, bind the listeners, start the policy source (the policy dir, watched; with
+//! `--xds-listen` it also feeds the xDS server), build each feature from its own parts,
+//! register its metrics, mount its routes, and serve until shutdown. Every feature reads
+//! the policy the source serves now, never a copy taken at startup.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
 use halo_xds::PolicySource;
-use halo_xds::source::SourceError;
 use tokio::net::TcpListener;
 
-use crate::api::{AppState, admin_router, router};
-use crate::auth::{OidcVerifier, http_client};
-use crate::config::Settings;
-use crate::fleet::Fleet;
-use crate::listener::{JsonListener, Peer};
-use crate::metrics::Metrics;
-use crate::throttle::Throttle;
-use crate::token::read_token_file;
+use axum::Router;
+use axum::routing::get;
 use halo_killswitch::KillSwitch;
+use halo_metrics::{FnCollector, Registry, Text};
 use halo_store::{FileStore, LogStore, MemoryStore};
+use serde_json::json;
 
-/// The first load of the policy dir failed: every problem, one per line.
-pub fn policy_error(e: SourceError) -> anyhow::Error {
-    anyhow::anyhow!("policy {} is invalid:\n{}", e.dir, e.problems.join("\n"))
+use crate::auth::{OidcVerifier, http_client};
+use crate::budget::BudgetsApi;
+use crate::capabilities::Capabilities;
+use crate::config::Settings;
+use crate::controller::{ControllerApi, ControllerMetrics};
+use crate::evidence::SamplesApi;
+use crate::fleet::{Devices, FleetApi};
+use crate::http::listener::{JsonListener, Peer};
+use crate::http::secret::SecretGate;
+use crate::http::{AdminAuth, Requests, disabled, finish};
+use crate::kill::{Kill, KillMetrics, KillParts};
+use crate::policy::Policy;
+use crate::token::read_token_file;
+use crate::xds::{XdsMetrics, policy_error};
+
+/// Every (method, path template) the API listener serves, feature by feature; the
+/// OpenAPI test checks the document lists exactly these.
+pub fn routes() -> Vec<(&'static str, &'static str)> {
+    [
+        crate::capabilities::ROUTES,
+        crate::kill::ROUTES,
+        crate::fleet::ROUTES,
+        crate::evidence::ROUTES,
+        crate::controller::ROUTES,
+        crate::budget::ROUTES,
+    ]
+    .concat()
 }
 
 /// Everything the state holds but the policy: read from settings (every file), with
@@ -34,7 +54,7 @@ struct Parts {
     killswitch: Option<Arc<KillSwitch>>,
     gateway_token: Option<crate::token::TokenDigest>,
     fleet_token: Option<crate::token::TokenDigest>,
-    fleet: Fleet,
+    devices: Devices,
     oidc: OidcVerifier,
 }
 
@@ -86,7 +106,7 @@ fn open_parts(settings: &Settings) -> anyhow::Result<Parts> {
     };
     let http = http_client(ca.as_ref().map(|(p, b)| (p.as_str(), b.as_slice())))?;
     let oidc = OidcVerifier::new(http);
-    let fleet = Fleet::open(
+    let devices = Devices::open(
         Arc::clone(&store),
         settings.device_ttl,
         settings.enrollment_ttl,
@@ -97,17 +117,20 @@ fn open_parts(settings: &Settings) -> anyhow::Result<Parts> {
         killswitch,
         gateway_token,
         fleet_token,
-        fleet,
+        devices,
         oidc,
     })
 }
 
-/// A running server: its bound addresses and shared state.
+/// A running server: its bound addresses and its features.
 #[derive(Debug)]
 pub struct Running {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    pub state: Arc<AppState>,
+    /// The kill switch, with a kill key.
+    pub kill: Option<Arc<Kill>>,
+    /// The fleet: enrollments, devices, reports.
+    pub fleet: Arc<FleetApi>,
     /// The xDS host, when `--xds-listen` is set.
     pub xds: Option<Arc<crate::xds::XdsHost>>,
     /// The policy dir's watcher: what the API reads (and, with xDS, what is pushed).
@@ -124,13 +147,17 @@ pub struct Running {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").finish_non_exhaustive()
-    }
-}
-
 impl Running {
+    /// The kill switch, with a kill key.
+    pub fn killswitch(&self) -> Option<&Arc<KillSwitch>> {
+        self.kill.as_ref().map(|k| k.switch())
+    }
+
+    /// The policy served at this moment.
+    pub fn policy_now(&self) -> Arc<halo_xds::Served> {
+        Arc::clone(&self.policy.served().borrow())
+    }
+
     /// Stop both listeners and wait for them.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
@@ -218,7 +245,9 @@ pub async fn start_with(
     )
     .await?;
     let controller = crate::controller::build(
-        settings,
+        &settings.controller,
+        settings.data_dir.as_deref(),
+        &settings.policy_dir,
         source.served(),
         receivers.as_ref().map(|r| Arc::clone(&r.evidence.store)),
         parts
@@ -261,24 +290,92 @@ pub async fn start_with(
         )?),
         _ => None,
     };
-    let state = Arc::new(AppState {
-        policy: source.served(),
-        store: parts.store,
-        killswitch: parts.killswitch,
-        gateway_token: parts.gateway_token,
-        fleet_token: parts.fleet_token,
-        fleet: parts.fleet,
-        oidc: parts.oidc,
-        throttle: Throttle::default(),
-        metrics: Metrics::default(),
-        max_body_bytes: settings.max_body_bytes,
-        evidence: receivers.as_ref().map(|r| Arc::clone(&r.evidence)),
-        samples,
-        budget: budget.as_ref().map(|b| Arc::clone(&b.budgets)),
-        controller: controller.clone(),
-        shadow: mirror.as_ref().map(|m| Arc::clone(&m.metrics)),
+    // The features, each from its own parts.
+    let policy = Policy::new(source.served());
+    let admin_auth = Arc::new(AdminAuth::new(policy.clone(), parts.oidc));
+    let gate = Arc::new(SecretGate::default());
+    let devices = Arc::new(parts.devices);
+    let kill = parts.killswitch.as_ref().map(|switch| {
+        Kill::new(KillParts {
+            switch: Arc::clone(switch),
+            store: Arc::clone(&parts.store),
+            policy: policy.clone(),
+            gateway_token: parts.gateway_token.clone(),
+            gate: Arc::clone(&gate),
+            admin: Arc::clone(&admin_auth),
+            devices: Arc::clone(&devices),
+        })
     });
-    if let Some(ks) = &state.killswitch {
+    let fleet = Arc::new(FleetApi {
+        devices,
+        store: Arc::clone(&parts.store),
+        policy: policy.clone(),
+        fleet_token: parts.fleet_token.clone(),
+        gate: Arc::clone(&gate),
+        admin: Arc::clone(&admin_auth),
+    });
+    let controller_api = Arc::new(ControllerApi {
+        controller: controller.clone(),
+        policy: policy.clone(),
+        admin: Arc::clone(&admin_auth),
+    });
+    let capabilities = Arc::new(Capabilities {
+        kill_switch: kill.is_some(),
+        fleet_token: parts.fleet_token.is_some(),
+        storage: parts.store.describe(),
+        policy: policy.clone(),
+    });
+    let samples_api = samples.map(|store| {
+        Arc::new(SamplesApi {
+            store,
+            admin: Arc::clone(&admin_auth),
+        })
+    });
+    let budgets_api = budget.as_ref().map(|b| {
+        Arc::new(BudgetsApi {
+            budgets: Arc::clone(&b.budgets),
+            admin: Arc::clone(&admin_auth),
+        })
+    });
+
+    // /metrics: each feature's families, in this order.
+    let registry = Registry::default();
+    let requests = Arc::new(Requests::default());
+    {
+        let (requests, gate) = (Arc::clone(&requests), Arc::clone(&gate));
+        registry.register(Arc::new(FnCollector(move |out: &mut Text| {
+            requests.write_prometheus(out);
+            gate.write_prometheus(out);
+        })));
+    }
+    registry.register(Arc::new(KillMetrics(kill.clone())));
+    registry.register(Arc::new(XdsMetrics {
+        source: Arc::clone(&source),
+        host: xds.clone(),
+    }));
+    if let Some(r) = &receivers {
+        let evidence = Arc::clone(&r.evidence);
+        registry.register(Arc::new(FnCollector(move |out: &mut Text| {
+            evidence.metrics.write_prometheus(out);
+        })));
+    }
+    if let Some(b) = &budget {
+        let budgets = Arc::clone(&b.budgets);
+        registry.register(Arc::new(FnCollector(move |out: &mut Text| {
+            budgets.metrics.write_prometheus(out);
+        })));
+    }
+    if let Some(c) = &controller {
+        registry.register(Arc::new(ControllerMetrics(Arc::clone(c))));
+    }
+    if let Some(m) = &mirror {
+        let metrics = Arc::clone(&m.metrics);
+        registry.register(Arc::new(FnCollector(move |out: &mut Text| {
+            metrics.write_prometheus(out);
+        })));
+    }
+
+    if let Some(ks) = &parts.killswitch {
         ks.spawn_resigner();
         if settings.data_dir.is_some() {
             // `halo controller run` may append kills to this data dir.
@@ -290,15 +387,55 @@ pub async fn start_with(
         let _ = rx.wait_for(|v| *v).await;
     };
     let console_key = crate::console::session::load_key(settings.data_dir.as_deref())?;
-    let api_app = router(Arc::clone(&state))
-        .merge(crate::console::router(
-            Arc::clone(&state),
-            console_key,
-            settings.console_url.clone(),
-            xds.clone(),
-        ))
+    let console = crate::console::router(
+        crate::console::ConsoleParts {
+            admin: Arc::clone(&admin_auth),
+            kill: kill.clone(),
+            fleet: Arc::clone(&fleet),
+            controller: Arc::clone(&controller_api),
+            store: Arc::clone(&parts.store),
+            xds: xds.clone(),
+        },
+        console_key,
+        settings.console_url.clone(),
+    );
+    let api_routes = Router::new()
+        .merge(Arc::clone(&capabilities).router())
+        .merge(match &kill {
+            Some(k) => k.router(),
+            None => disabled(crate::kill::ROUTES, crate::kill::DISABLED),
+        })
+        .merge(fleet.router())
+        .merge(SamplesApi::router(samples_api))
+        .merge(controller_api.router())
+        .merge(BudgetsApi::router(budgets_api));
+    // The console answers HTML: it is merged after the API's JSON finish.
+    let api_app = finish(api_routes, settings.max_body_bytes, Some(requests))
+        .merge(console)
         .into_make_service_with_connect_info::<Peer>();
-    let admin_app = admin_router(Arc::clone(&state), Arc::clone(&source), xds.clone());
+    let registry = Arc::new(registry);
+    let admin_routes = Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = Arc::clone(&registry);
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4",
+                        )],
+                        registry.render().await,
+                    )
+                }
+            }),
+        )
+        .merge(crate::xds::admin_router(xds.clone()));
+    let admin_app = finish(admin_routes, settings.max_body_bytes, None);
     let api_rx = rx.clone();
     let controller_rx = rx.clone();
     let mut tasks = vec![
@@ -325,11 +462,12 @@ pub async fn start_with(
             c.run(interval, stop(controller_rx)).await
         }));
     }
-    tracing::info!(%api_addr, %admin_addr, controller = controller.is_some(), kill_switch = state.killswitch.is_some(), storage = %state.store.describe(), "halo-server listening");
+    tracing::info!(%api_addr, %admin_addr, controller = controller.is_some(), kill_switch = kill.is_some(), storage = %capabilities.storage, "halo-server listening");
     Ok(Running {
         api_addr,
         admin_addr,
-        state,
+        kill,
+        fleet,
         xds,
         policy: source,
         evidence: receivers,

@@ -52,11 +52,12 @@ use halo_providers::usage::{Dialect, Framing, Meter};
 use halo_xds::Served;
 use tokio::sync::{mpsc, watch};
 
-use crate::api::ApiError;
-use crate::listener::{JsonListener, Peer};
+use crate::http::ApiError;
+use crate::http::listener::{JsonListener, Peer};
+use crate::http::secret::SecretGate;
 use crate::sigv4::{self, AwsKey};
-use crate::throttle::{Gate, Throttle};
 use crate::token::{TokenDigest, read_token_file};
+use halo_metrics::{CounterMap, Text};
 
 /// Default `--shadow-concurrency`.
 pub const DEFAULT_CONCURRENCY: usize = 4;
@@ -118,63 +119,44 @@ impl ShadowSettings {
 /// Counts for halo-server's /metrics.
 #[derive(Debug, Default)]
 pub struct ShadowMetrics {
-    jobs: Mutex<BTreeMap<&'static str, u64>>,
-    answers: Mutex<BTreeMap<u16, u64>>,
+    jobs: CounterMap<&'static str>,
+    answers: CounterMap<u16>,
 }
 
 impl ShadowMetrics {
     fn job(&self, outcome: &'static str) {
-        *self
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(outcome)
-            .or_insert(0) += 1;
+        self.jobs.inc(outcome);
     }
 
     fn answer(&self, status: u16) {
-        *self
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(status)
-            .or_insert(0) += 1;
+        self.answers.inc(status);
     }
 
     /// The count of jobs with `outcome`.
-    pub fn jobs(&self, outcome: &str) -> u64 {
-        self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(outcome)
-            .copied()
-            .unwrap_or(0)
+    pub fn jobs(&self, outcome: &'static str) -> u64 {
+        self.jobs.get(&outcome)
     }
 
+    /// Its families as Prometheus text (what `/metrics` shows of it).
     pub fn render(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::from(
-            "# HELP halo_server_shadow_jobs_total Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, header_missing, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.\n# TYPE halo_server_shadow_jobs_total counter\n",
+        let mut text = Text::new();
+        self.write_prometheus(&mut text);
+        text.finish()
+    }
+
+    pub fn write_prometheus(&self, out: &mut Text) {
+        out.counters(
+            "halo_server_shadow_jobs_total",
+            "Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, header_missing, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.",
+            &["outcome"],
+            &self.jobs,
         );
-        for (outcome, n) in self.jobs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(
-                out,
-                "halo_server_shadow_jobs_total{{outcome=\"{outcome}\"}} {n}"
-            );
-        }
-        out.push_str("# HELP halo_server_shadow_answers_total Answers of shadow targets by HTTP status (0: no answer).\n# TYPE halo_server_shadow_answers_total counter\n");
-        for (status, n) in self
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "halo_server_shadow_answers_total{{status=\"{status}\"}} {n}"
-            );
-        }
-        out
+        out.counters(
+            "halo_server_shadow_answers_total",
+            "Answers of shadow targets by HTTP status (0: no answer).",
+            &["status"],
+            &self.answers,
+        );
     }
 }
 
@@ -204,7 +186,7 @@ impl Drop for Mirror {
 struct Intake {
     token: TokenDigest,
     queue: mpsc::Sender<ShadowJob>,
-    throttle: Throttle,
+    gate: SecretGate,
     metrics: Arc<ShadowMetrics>,
 }
 
@@ -245,7 +227,7 @@ pub fn start(
     let intake = Arc::new(Intake {
         token,
         queue: tx,
-        throttle: Throttle::default(),
+        gate: SecretGate::default(),
         metrics: Arc::clone(&metrics),
     });
     let work = Arc::new(Work {
@@ -286,25 +268,14 @@ async fn take(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let ip = peer.ip();
-    let delay = match intake.throttle.gate(ip) {
-        Gate::Blocked => {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_attempts",
-                "too many failed token attempts from this address; try again later",
-            ));
-        }
-        Gate::Check(d) => d,
-    };
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
-    }
+    intake.gate.wait(ip).await?;
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if !presented.is_some_and(|t| intake.token.matches(t.trim())) {
-        intake.throttle.failure(ip);
+    let valid = presented.is_some_and(|t| intake.token.matches(t.trim()));
+    intake.gate.outcome(ip, valid);
+    if !valid {
         intake.metrics.job("unauthorized");
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -312,7 +283,6 @@ async fn take(
             "a valid shadow token is required (Authorization: Bearer)",
         ));
     }
-    intake.throttle.success(ip);
     let job = ShadowJob::decode(&body).map_err(|why| {
         intake.metrics.job("malformed");
         ApiError::new(

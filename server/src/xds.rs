@@ -19,8 +19,12 @@ use halo_xds::{
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::config::Settings;
+use futures_util::future::BoxFuture;
 use halo_killswitch::KillSwitch;
+use halo_metrics::{Collect, Text};
+
+use crate::config::Settings;
+use crate::http::{Disabled, disabled};
 
 /// How often the policy dir's content hash is checked.
 pub const POLICY_POLL: Duration = Duration::from_millis(250);
@@ -41,7 +45,7 @@ pub struct XdsHost {
     pub upstream_ca_file: PathBuf,
     source: Arc<PolicySource>,
     /// What is pushed with the policy: the kill list (from the kill switch) and the
-    /// exhausted budgets (from the budget service, [`crate::budget`]).
+    /// exhausted budgets (from the budget service).
     pub pushed: watch::Sender<Pushed>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -73,10 +77,51 @@ impl XdsHost {
     pub fn source(&self) -> Arc<PolicySource> {
         Arc::clone(&self.source)
     }
+}
 
-    /// The ADS server's part of /metrics (`halo_xds_*`: pushes, ACKs, NACKs...).
-    pub fn render_prometheus(&self) -> String {
-        self.cache.metrics().render_prometheus()
+/// The first load of the policy dir failed: every problem, one per line.
+pub fn policy_error(e: halo_xds::source::SourceError) -> anyhow::Error {
+    anyhow::anyhow!("policy {} is invalid:\n{}", e.dir, e.problems.join("\n"))
+}
+
+/// The xDS status route, on the admin listener.
+pub const ADMIN_ROUTES: &[(&str, &str)] = &[("GET", "/xds/status")];
+
+/// Its answer without `--xds-listen`.
+pub const DISABLED: Disabled = Disabled {
+    status: axum::http::StatusCode::NOT_FOUND,
+    code: "not_found",
+    message: "xDS is off (--xds-listen)",
+};
+
+/// `/xds/status`: the policy served, the last refused edit, each Envoy's versions.
+pub fn admin_router(host: Option<Arc<XdsHost>>) -> axum::Router {
+    match host {
+        Some(host) => axum::Router::new().route(
+            "/xds/status",
+            axum::routing::get(move || {
+                let host = Arc::clone(&host);
+                async move { axum::Json(host.status()) }
+            }),
+        ),
+        None => disabled(ADMIN_ROUTES, DISABLED),
+    }
+}
+
+/// The policy source's part of `/metrics` (`halo_policy_*`), then, with `--xds-listen`,
+/// the ADS server's (`halo_xds_*`: pushes, ACKs, NACKs...).
+pub struct XdsMetrics {
+    pub source: Arc<PolicySource>,
+    pub host: Option<Arc<XdsHost>>,
+}
+
+impl Collect for XdsMetrics {
+    fn collect<'a>(&'a self, out: &'a mut Text) -> BoxFuture<'a, ()> {
+        self.source.status().write_prometheus(out);
+        if let Some(host) = &self.host {
+            host.cache.metrics().write_prometheus(out);
+        }
+        Box::pin(async {})
     }
 }
 
@@ -318,7 +363,7 @@ pub async fn start(
         jwks_rx,
         options.transform,
     )
-    .map_err(crate::server::policy_error)?;
+    .map_err(policy_error)?;
     if discover {
         tasks.push(tokio::spawn(discover_jwks(http, source.served(), jwks_tx)));
     }

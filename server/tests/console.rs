@@ -13,7 +13,6 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -406,9 +405,14 @@ async fn an_admin_logs_in_kills_and_unkills_an_experiment_with_a_reason_and_logs
     // tick the controller evaluates it, and its page draws the interval of treatment -
     // control over the run's ticks. Both arms fail 10% of calls: the band holds zero.
     std::fs::remove_file(env.path("policy").join("rollouts/sonnet-bedrock.yaml")).unwrap();
-    let app = Arc::clone(&server.running.as_ref().unwrap().state);
+    let running = server.running.as_ref().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app.policy().org.rollouts.contains_key("sonnet-bedrock") {
+    while running
+        .policy_now()
+        .org
+        .rollouts
+        .contains_key("sonnet-bedrock")
+    {
         assert!(
             Instant::now() < deadline,
             "the policy without the rollout is never served"

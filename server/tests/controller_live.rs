@@ -48,7 +48,7 @@ async fn start(
 
 async fn killed(server: &Server) -> bool {
     let running = server.running.as_ref().unwrap();
-    let ks = running.state.killswitch.as_ref().unwrap();
+    let ks = running.killswitch().unwrap();
     ks.state().await.is_killed(Target::Experiment, EXP)
 }
 
@@ -275,7 +275,7 @@ async fn through_envoy_a_breach_on_gateway_evidence_is_killed_and_envoy_routes_c
     let (live, settings, bare, got) = live_canary(&env, 0, 3).await;
     let running = live.server.running.as_ref().unwrap();
     let controller = running.controller.clone().unwrap();
-    let switch = running.state.killswitch.clone().unwrap();
+    let switch = running.killswitch().cloned().unwrap();
     let killed = || async {
         switch
             .state()
@@ -546,9 +546,9 @@ async fn through_envoy_a_traffic_rollout_advances_step_by_step_and_completes() {
     // The PR merged: the served policy is at step 1, which bakes on its own cohort.
     let file = env.path("policy").join("rollouts/haiku-b.yaml");
     std::fs::write(&file, pr).unwrap();
-    let app = Arc::clone(&live.server.running.as_ref().unwrap().state);
+    let running = live.server.running.as_ref().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while app.policy().org.rollouts["haiku-b"].step != 1 {
+    while running.policy_now().org.rollouts["haiku-b"].step != 1 {
         assert!(std::time::Instant::now() < deadline, "step 1 never served");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

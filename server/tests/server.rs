@@ -407,7 +407,7 @@ async fn blocked_address_cannot_tell_a_right_guess() {
     let server = serve(&env.settings()).await;
     let wrong = "9c41e07b3fa2d5688e1b0c7d4f5a2e939c41e07b3fa2d5688e1b0c7d4f5a2e93";
     let mut statuses = Vec::new();
-    for _ in 0..halo_server::throttle::BLOCK_AFTER {
+    for _ in 0..halo_server::http::throttle::BLOCK_AFTER {
         statuses.push(
             server
                 .get("/api/v1/gateway/killswitch", Some(wrong))

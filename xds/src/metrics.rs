@@ -1,6 +1,6 @@
 //! Counters of the ADS server, rendered in the Prometheus text format by the host.
 
-use std::fmt::Write as _;
+use halo_metrics::{Kind, Text};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// A monotonically increasing counter.
@@ -52,44 +52,54 @@ pub struct Metrics {
 impl Metrics {
     /// The Prometheus text exposition of every counter, names prefixed `halo_xds_`.
     pub fn render_prometheus(&self) -> String {
-        let mut out = String::new();
+        let mut text = Text::new();
+        self.write_prometheus(&mut text);
+        text.finish()
+    }
+
+    /// [`Metrics::render_prometheus`] into a host's exposition.
+    pub fn write_prometheus(&self, out: &mut Text) {
         let counters: [(&str, &str, u64); 6] = [
             (
-                "pushes_total",
+                "halo_xds_pushes_total",
                 "Discovery responses sent.",
                 self.pushes.get(),
             ),
-            ("acks_total", "Responses Envoy accepted.", self.acks.get()),
             (
-                "nacks_total",
+                "halo_xds_acks_total",
+                "Responses Envoy accepted.",
+                self.acks.get(),
+            ),
+            (
+                "halo_xds_nacks_total",
                 "Responses Envoy rejected (error_detail set).",
                 self.nacks.get(),
             ),
             (
-                "stale_requests_total",
+                "halo_xds_stale_requests_total",
                 "Requests answering an outdated nonce (ignored).",
                 self.stale.get(),
             ),
             (
-                "snapshots_set_total",
+                "halo_xds_snapshots_set_total",
                 "Snapshots set by the host.",
                 self.snapshots_set.get(),
             ),
             (
-                "streams_total",
+                "halo_xds_streams_total",
                 "ADS streams opened.",
                 self.streams_total.get(),
             ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP halo_xds_{name} {help}");
-            let _ = writeln!(out, "# TYPE halo_xds_{name} counter");
-            let _ = writeln!(out, "halo_xds_{name} {value}");
+            out.single(name, Kind::Counter, help, value);
         }
-        let _ = writeln!(out, "# HELP halo_xds_streams_active ADS streams open now.");
-        let _ = writeln!(out, "# TYPE halo_xds_streams_active gauge");
-        let _ = writeln!(out, "halo_xds_streams_active {}", self.streams_active.get());
-        out
+        out.single(
+            "halo_xds_streams_active",
+            Kind::Gauge,
+            "ADS streams open now.",
+            self.streams_active.get(),
+        );
     }
 }
 

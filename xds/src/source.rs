@@ -414,31 +414,41 @@ impl SourceStatus {
     /// The Prometheus text of the source: reloads by outcome, the served version (an
     /// info gauge), whether the directory as it is now is refused, kill pushes.
     pub fn render_prometheus(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP halo_policy_reloads_total Policy directory states loaded by the xDS policy source: accepted (served and pushed, the first load included) or refused (invalid; the last good policy keeps serving).\n# TYPE halo_policy_reloads_total counter\nhalo_policy_reloads_total{{outcome=\"accepted\"}} {}\nhalo_policy_reloads_total{{outcome=\"refused\"}} {}",
-            self.accepted, self.rejected
-        );
-        let _ = writeln!(
-            out,
-            "# HELP halo_policy_served_info The compiled policy version (sha256) being served; the value is always 1.\n# TYPE halo_policy_served_info gauge"
+        let mut text = halo_metrics::Text::new();
+        self.write_prometheus(&mut text);
+        text.finish()
+    }
+
+    /// [`SourceStatus::render_prometheus`] into a host's exposition.
+    pub fn write_prometheus(&self, out: &mut halo_metrics::Text) {
+        use halo_metrics::Kind;
+        out.family(
+            "halo_policy_reloads_total",
+            Kind::Counter,
+            "Policy directory states loaded by the xDS policy source: accepted (served and pushed, the first load included) or refused (invalid; the last good policy keeps serving).",
+        )
+        .sample("halo_policy_reloads_total", &[("outcome", "accepted")], self.accepted)
+        .sample("halo_policy_reloads_total", &[("outcome", "refused")], self.rejected);
+        out.family(
+            "halo_policy_served_info",
+            Kind::Gauge,
+            "The compiled policy version (sha256) being served; the value is always 1.",
         );
         if let Some(v) = &self.served_version {
-            let _ = writeln!(out, "halo_policy_served_info{{version=\"{v}\"}} 1");
+            out.sample("halo_policy_served_info", &[("version", v)], 1);
         }
-        let _ = writeln!(
-            out,
-            "# HELP halo_policy_refused_pending 1 while the policy directory as it is now is refused (the served policy is an older one).\n# TYPE halo_policy_refused_pending gauge\nhalo_policy_refused_pending {}",
-            u8::from(self.rejected_dir_hash.is_some())
+        out.single(
+            "halo_policy_refused_pending",
+            Kind::Gauge,
+            "1 while the policy directory as it is now is refused (the served policy is an older one).",
+            u8::from(self.rejected_dir_hash.is_some()),
         );
-        let _ = writeln!(
-            out,
-            "# HELP halo_policy_kill_pushes_total Kill-list envelopes and exhausted-budget lists pushed with the served policy.\n# TYPE halo_policy_kill_pushes_total counter\nhalo_policy_kill_pushes_total {}",
-            self.kill_pushes
+        out.single(
+            "halo_policy_kill_pushes_total",
+            Kind::Counter,
+            "Kill-list envelopes and exhausted-budget lists pushed with the served policy.",
+            self.kill_pushes,
         );
-        out
     }
 }
 

@@ -7,8 +7,10 @@
 //! API verifies admin tokens (the issuer's JWKS, `iss`, `aud` = clientID, `exp`), then
 //! the admin group rule. The session is a sealed cookie ([`session`]). Every state change
 //! is a POST carrying the session's CSRF token (and, when the browser sends one, an
-//! `Origin` equal to the console's); kill and unkill call the API's own
-//! [`crate::api::kill_or_unkill`], so the reason rule and the audit are the same.
+//! `Origin` equal to the console's); kill and unkill call the kill feature's own
+//! [`Kill::change`], and a revocation the fleet's [`FleetApi::revoke`], so the rules and
+//! the audit are the API's. The console is a view over those features and the
+//! controller's: it owns no state but its cookie key.
 //!
 //! The console's URL: `--console-url`, else the request's Host when it is a loopback
 //! address (plain HTTP is accepted only there). Answers are HTML, never the API's JSON:
@@ -34,11 +36,15 @@ use maud::{Markup, html};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::{ApiError, Shared, kill_or_unkill, revoke_device_for};
 use crate::auth::{Admin, AuthError};
+use crate::controller::ControllerApi;
+use crate::fleet::FleetApi;
+use crate::http::{AdminAuth, ApiError};
+use crate::kill::{self, Kill};
 use crate::xds::XdsHost;
 use halo_killswitch::{Action, Target};
 use halo_store::Log;
+use halo_store::LogStore;
 use pages::{Viewer, killed_cell, page, problem};
 use session::{LOGIN_COOKIE, LOGIN_LIFETIME, Login, SESSION_COOKIE, SESSION_LIFETIME, Session};
 
@@ -48,7 +54,12 @@ const AUDIT_PAGE: usize = 500;
 /// What the console's handlers share.
 #[derive(Clone)]
 pub struct Console {
-    app: Shared,
+    admin: Arc<AdminAuth>,
+    kill: Option<Arc<Kill>>,
+    fleet: Arc<FleetApi>,
+    controller: Arc<ControllerApi>,
+    /// The log store: its audit log and its description.
+    store: Arc<dyn LogStore>,
     key: Key,
     /// `--console-url`, without a trailing slash.
     url: Option<String>,
@@ -61,10 +72,46 @@ impl FromRef<Console> for Key {
     }
 }
 
+/// What the console shows and acts on: the features it is a view of.
+pub struct ConsoleParts {
+    pub admin: Arc<AdminAuth>,
+    pub kill: Option<Arc<Kill>>,
+    pub fleet: Arc<FleetApi>,
+    pub controller: Arc<ControllerApi>,
+    pub store: Arc<dyn LogStore>,
+    pub xds: Option<Arc<XdsHost>>,
+}
+
+impl Console {
+    fn policy(&self) -> Arc<halo_xds::Served> {
+        self.admin.policy().now()
+    }
+
+    fn killswitch(&self) -> Option<&Arc<halo_killswitch::KillSwitch>> {
+        self.kill.as_ref().map(|k| k.switch())
+    }
+
+    fn controller(&self) -> Option<&Arc<halo_controller::controller::Controller>> {
+        self.controller.controller.as_ref()
+    }
+}
+
 /// The console's routes, with their state.
-pub fn router(app: Shared, key: Key, url: Option<String>, xds: Option<Arc<XdsHost>>) -> Router {
+pub fn router(parts: ConsoleParts, key: Key, url: Option<String>) -> Router {
+    let ConsoleParts {
+        admin,
+        kill,
+        fleet: fleet_api,
+        controller,
+        store,
+        xds,
+    } = parts;
     let console = Console {
-        app,
+        admin,
+        kill,
+        fleet: fleet_api,
+        controller,
+        store,
         key,
         url: url.map(|u| u.trim_end_matches('/').to_string()),
         xds,
@@ -199,7 +246,7 @@ async fn viewer(console: &Console, jar: &PrivateCookieJar, uri: &Uri) -> Result<
             .into_response()
             .into());
     };
-    let policy = console.app.policy();
+    let policy = console.policy();
     let identity = policy.org.root.identity.as_ref();
     let Some(identity) = identity else {
         return Err(problem_answer(
@@ -325,7 +372,7 @@ async fn login(
         Ok(b) => b,
         Err(r) => return r.into_response(),
     };
-    let policy = console.app.policy();
+    let policy = console.policy();
     let identity = policy.org.root.identity.as_ref();
     let client_id = match identity.and_then(|i| i.client_id.clone()) {
         Some(c) => c,
@@ -337,7 +384,7 @@ async fn login(
             );
         }
     };
-    let endpoints = match console.app.oidc.endpoints(identity).await {
+    let endpoints = match console.admin.oidc().endpoints(identity).await {
         Ok(e) => e,
         Err(e) => return auth_problem(&e),
     };
@@ -440,9 +487,9 @@ async fn callback(
     let Some(code) = q.get("code") else {
         return (jar, again("the identity provider sent no code")).into_response();
     };
-    let policy = console.app.policy();
+    let policy = console.policy();
     let identity = policy.org.root.identity.as_ref();
-    let oidc = &console.app.oidc;
+    let oidc = console.admin.oidc();
     let admin: Result<Admin, AuthError> = async {
         let endpoints = oidc.endpoints(identity).await?;
         let id_token = oidc
@@ -536,9 +583,9 @@ async fn logged_out() -> Response {
 // ---------------------------------------------------------------------------
 
 async fn overview(State(console): State<Console>, s: Session) -> Response {
-    let policy = console.app.policy();
+    let policy = console.policy();
     let org = &policy.org;
-    let kills = match &console.app.killswitch {
+    let kills = match console.killswitch() {
         Some(ks) => Some(ks.state().await),
         None => None,
     };
@@ -549,9 +596,7 @@ async fn overview(State(console): State<Console>, s: Session) -> Response {
     rings.sort_by_key(|r| r.order);
     let nodes = console.xds.as_ref().map(|x| x.cache.status());
     let rollout_states: HashMap<String, String> = console
-        .app
-        .controller
-        .as_ref()
+        .controller()
         .map(|c| {
             c.status()
                 .rollouts
@@ -565,8 +610,8 @@ async fn overview(State(console): State<Console>, s: Session) -> Response {
         section aria-labelledby="caps" {
             h2 #caps { "Capabilities" }
             ul {
-                li { "Kill switch: " @if console.app.killswitch.is_some() { span.ok { "on" } } @else { span.killed { "off (start halo-server with --killswitch-key-file)" } } }
-                li { "Storage: " (console.app.store.describe()) }
+                li { "Kill switch: " @if console.killswitch().is_some() { span.ok { "on" } } @else { span.killed { "off (start halo-server with --killswitch-key-file)" } } }
+                li { "Storage: " (console.store.describe()) }
                 li { "xDS: " @if console.xds.is_some() { "serving" } @else { "off" } }
             }
         }
@@ -683,7 +728,6 @@ fn audit_records(
     limit: usize,
 ) -> Result<Vec<Value>, String> {
     let all = console
-        .app
         .store
         .read_all(Log::Audit)
         .map_err(|e| e.to_string())?;
@@ -724,7 +768,7 @@ async fn experiment(
     s: Session,
     Path(name): Path<String>,
 ) -> Response {
-    let policy = console.app.policy();
+    let policy = console.policy();
     let Some(e) = policy.org.experiments.get(&name) else {
         return problem_answer(
             StatusCode::NOT_FOUND,
@@ -732,7 +776,7 @@ async fn experiment(
             &format!("the served policy has no experiment named {name:?}"),
         );
     };
-    let kill = match &console.app.killswitch {
+    let kill = match console.killswitch() {
         Some(ks) => ks.state().await.experiments.get(&name).cloned(),
         None => None,
     };
@@ -759,14 +803,10 @@ async fn experiment(
         .find(|r| r.experiment == name && halo_policy::compile::rollout_cohort(r).is_some());
     let total: u32 = weights.iter().sum();
     let report = console
-        .app
-        .controller
-        .as_ref()
+        .controller()
         .and_then(|c| c.status().experiments.get(&name).cloned());
     let history = console
-        .app
-        .controller
-        .as_ref()
+        .controller()
         .map(|c| c.history(&name))
         .unwrap_or_default();
     let viewer = Viewer {
@@ -803,7 +843,7 @@ async fn experiment(
         }
         section aria-labelledby="controller" {
             h2 #controller { "Controller" }
-            @match (&console.app.controller, &report) {
+            @match (console.controller(), &report) {
                 (None, _) => p.notice { "This halo-server runs no controller (--controller)." },
                 (Some(_), None) => p { "Not evaluated yet (the controller evaluates running experiments at each tick)." },
                 (Some(_), Some(rep)) => {
@@ -840,7 +880,7 @@ async fn experiment(
         }
         section aria-labelledby="kill" {
             h2 #kill { "Kill switch" }
-            @if console.app.killswitch.is_none() {
+            @if console.killswitch().is_none() {
                 p.notice { "The kill switch is off on this server (--killswitch-key-file)." }
             } @else if let Some(k) = &kill {
                 p.killed role="status" { "Killed: every user of this experiment is on control. Killed by " (k.by) " at " (k.killed_at) ": " (k.reason) }
@@ -874,9 +914,9 @@ async fn experiment(
 /// A rollout: its steps with their gates and bounds, the current step, the controller's
 /// last evaluation (each gate's value against its bound, the bake left), the move decided
 /// at this step with its actions, and whether its state file's hash chain verifies: the
-/// same facts as `GET /api/v1/rollouts/{name}` (`api::rollout_view`).
+/// same facts as `GET /api/v1/rollouts/{name}` (`ControllerApi::rollout_view`).
 async fn rollout(State(console): State<Console>, s: Session, Path(name): Path<String>) -> Response {
-    let policy = console.app.policy();
+    let policy = console.policy();
     let Some(r) = policy.org.rollouts.get(&name) else {
         return problem_answer(
             StatusCode::NOT_FOUND,
@@ -884,7 +924,7 @@ async fn rollout(State(console): State<Console>, s: Session, Path(name): Path<St
             &format!("the served policy has no rollout named {name:?}"),
         );
     };
-    let view = crate::api::rollout_view(&console.app, &name);
+    let view = console.controller.rollout_view(&name);
     let report = view.report.as_ref();
     let evaluation = report.and_then(|rep| {
         rep.evaluation
@@ -999,7 +1039,15 @@ async fn change_one(
         groups: s.groups.clone(),
     };
     let reason = fields.get("reason").map(String::as_str).unwrap_or("");
-    match kill_or_unkill(&console.app, &admin, action, target, &name, reason).await {
+    let changed = match &console.kill {
+        Some(k) => k.change(&admin, action, target, &name, reason).await,
+        None => Err(ApiError::new(
+            kill::DISABLED.status,
+            kill::DISABLED.code,
+            kill::DISABLED.message,
+        )),
+    };
+    match changed {
         // Post/redirect/get: the page shows the new state and the audit entry.
         Ok(_) => match target {
             Target::Experiment => {
@@ -1069,7 +1117,7 @@ async fn audit(
 }
 
 async fn fleet(State(console): State<Console>, s: Session) -> Response {
-    let devices = console.app.fleet.list().await;
+    let devices = console.fleet.devices.list().await;
     let viewer = Viewer {
         user: &s.user,
         csrf: &s.csrf,
@@ -1126,7 +1174,7 @@ async fn revoke(
         user: s.user.clone(),
         groups: s.groups.clone(),
     };
-    match revoke_device_for(&console.app, &admin, &id).await {
+    match console.fleet.revoke(&admin, &id).await {
         Ok(_) => Redirect::to("/console/fleet").into_response(),
         Err(e) => api_problem(&e),
     }

@@ -167,7 +167,7 @@ impl Server {
     /// The running server's kill switch (it has a kill key).
     pub fn killswitch(&self) -> std::sync::Arc<halo_killswitch::KillSwitch> {
         let running = self.running.as_ref().expect("running");
-        running.state.killswitch.clone().expect("a kill key")
+        running.killswitch().cloned().expect("a kill key")
     }
 
     /// The running server's controller (`--controller`).

@@ -6,7 +6,7 @@
 //! answers, so this listener's connections rewrite exactly them on the way out into the
 //! API's error shape (`{"error": "<code>", "message": "..."}`). Only a 4xx head with
 //! `content-length: 0`, no content type and nothing after it matches: every answer of
-//! the router carries a content type (see `api::json_errors`), so nothing else can.
+//! the router carries a content type (see `http::json_errors`), so nothing else can.
 
 use std::io;
 use std::net::SocketAddr;
@@ -98,7 +98,7 @@ pub fn rewrite(head: &[u8]) -> Option<Vec<u8>> {
         431 => "the request's headers are too many (over 100) or too large (over 400 KiB)",
         _ => "the request was refused",
     };
-    let error = crate::api::status_code_name(axum::http::StatusCode::from_u16(code).ok()?);
+    let error = crate::http::status_code_name(axum::http::StatusCode::from_u16(code).ok()?);
     let body = serde_json::json!({"error": error, "message": message}).to_string();
     let mut out = format!("HTTP/1.1 {status_line}\r\n");
     for line in kept {

@@ -184,16 +184,16 @@ struct State {
 }
 
 /// Enrollments and devices over a [`LogStore`].
-pub struct Fleet {
+pub struct Devices {
     store: Arc<dyn LogStore>,
     state: Mutex<State>,
     device_ttl: Duration,
     enrollment_ttl: Duration,
 }
 
-impl std::fmt::Debug for Fleet {
+impl std::fmt::Debug for Devices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fleet").finish_non_exhaustive()
+        f.debug_struct("Devices").finish_non_exhaustive()
     }
 }
 
@@ -220,12 +220,12 @@ fn new_id(prefix: &str) -> Result<String, FleetError> {
     Ok(format!("{prefix}-{}", hex::encode(b)))
 }
 
-impl Fleet {
+impl Devices {
     pub fn open(
         store: Arc<dyn LogStore>,
         device_ttl: Duration,
         enrollment_ttl: Duration,
-    ) -> Result<Fleet, StoreError> {
+    ) -> Result<Devices, StoreError> {
         let mut state = State::default();
         let mut enrollment_by_id: HashMap<String, TokenDigest> = HashMap::new();
         for (i, v) in store.read_all(Log::Enrollments)?.into_iter().enumerate() {
@@ -309,7 +309,7 @@ impl Fleet {
                 d.last_report_at = Some(r.at);
             }
         }
-        Ok(Fleet {
+        Ok(Devices {
             store,
             state: Mutex::new(state),
             device_ttl,
