@@ -44,3 +44,7 @@ pub mod shadow;
 pub mod sigv4;
 pub mod token;
 pub mod xds;
+
+// Each feature's handlers against its own state, without starting the server.
+#[cfg(test)]
+mod tests;

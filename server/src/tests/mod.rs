@@ -1,0 +1,1 @@
+//! Unit tests of the features (filled in by the tests of each feature).
