@@ -118,7 +118,7 @@ pub struct BootstrapArgs {
     #[arg(long, value_name = "BYTES")]
     max_body_bytes: Option<u64>,
     /// YAML (or JSON) file with the gateway's credential settings: signHosts,
-    /// upstreamHosts, vertexTokenSds, vertexTokenSecret, upstreamHeaders (README,
+    /// upstreamHosts, vertexTokenSds, vertexTokenSecret, upstreamHeaders (docs/cli.md,
     /// "envoy bootstrap"). Unknown keys are errors.
     #[arg(long, value_name = "FILE")]
     gateway_settings: Option<PathBuf>,

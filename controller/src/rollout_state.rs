@@ -6,7 +6,7 @@
 //! the last record edited (the file also holds the last record's hash), the file cut or not
 //! JSON) is never acted on: [`load`] refuses it with the record and
 //! the reason, and the controller reports it and holds the rollout until an operator
-//! repairs or removes the file (docs/ARCHITECTURE.md, "Rollouts"). Records removed from
+//! repairs or removes the file (docs/design/controller.md, "Rollouts"). Records removed from
 //! the end leave a shorter valid chain, as with any hash chain without an outside anchor;
 //! what that can do is repeat an action (a PR, a notification), never skip a bake.
 //!

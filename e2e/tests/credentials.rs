@@ -5,7 +5,7 @@
 //!
 //! The translation stage is the halo filter's job; here a Lua filter stands in for it
 //! (it sets the path and body each target expects), so these tests pin the credential
-//! mechanism on its own. The chain built below is the shape docs/ARCHITECTURE.md
+//! mechanism on its own. The chain built below is the shape docs/design/credentials.md
 //! ("Per-attempt credentials") describes.
 
 // A failed step fails the test, with the reason: clippy.toml allows unwrap and expect in

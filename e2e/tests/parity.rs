@@ -1,7 +1,7 @@
 //! Parity of the two modes (#18 item 7): one policy, the standalone bootstrap
 //! (halo-envoy-config) and the xDS resources (halo-xds), two real Envoys side by side.
 //! Their `/config_dump` clusters, listener and routes are the same once what legitimately
-//! differs between the modes is taken out ([`normalize`], the list in docs/ARCHITECTURE.md
+//! differs between the modes is taken out ([`normalize`], the list in docs/design/gateway.md
 //! "What legitimately differs between the modes"); the same requests (JSON, SSE, a 5 MB
 //! conversation, an over-limit body, failover on 503, 429, a refused connection and a
 //! hanging primary, Bedrock signed with SigV4 and checked by a fake that recomputes the
@@ -233,7 +233,7 @@ fn strip(v: &mut Value, key: &str) {
 }
 
 /// One Envoy's clusters, listener and routes with what legitimately differs between the
-/// modes taken out (docs/ARCHITECTURE.md lists each and why):
+/// modes taken out (docs/design/gateway.md lists each and why):
 /// - where resources come from: the ADS cluster `halo-xds` (envoy/ads.yaml), the
 ///   listener's RDS source vs the inline route configuration, the filter's ECDS source vs
 ///   its inline configuration (the ECDS resource is put in its place), SDS sources

@@ -1,6 +1,6 @@
 //! Per-attempt credentials: Envoy's own filters after the halo filter's per-attempt stage
 //! on an aggregate cluster, each wrapped in a match_delegate so it runs only on attempts
-//! whose target it belongs to (docs/ARCHITECTURE.md, "Per-attempt credentials", pinned in
+//! whose target it belongs to (docs/design/credentials.md, "Per-attempt credentials", pinned in
 //! Envoy 1.40 by e2e/tests/credentials.rs and e2e/tests/providers.rs).
 //!
 //! Planned once (the gateway plan), printed by the standalone bootstrap and by halo-xds:

@@ -6,7 +6,7 @@
 //! The plan's JSON is what the golden file holds (`envoy-config/tests/golden/`), so a
 //! review reads a diff of decisions rather than of Envoy configuration.
 //!
-//! What the plan decides (docs/ARCHITECTURE.md, "Gateway configuration"):
+//! What the plan decides (docs/design/gateway.md):
 //! - the listener: address, buffer limit ([`listener_buffer_limit`]), stream idle timeout,
 //!   access logs ([`access_logs`]), jwt_authn and the JWKS cluster, the halo filter and its
 //!   settings (the kill-list poll's cluster and the breakers' settings filled in), the
@@ -860,7 +860,7 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
 /// own answer. An order of refusing targets only is kept: the call gets the refusal.
 /// (Targets whose upstream kind cannot take a class of calls are left out per class by
 /// [`cluster_names::route_aggregates`]; a translation that fails for one request is
-/// answered 502 `bad_upstream` by the per-attempt stage, docs/ARCHITECTURE.md.)
+/// answered 502 `bad_upstream` by the per-attempt stage, docs/design/credentials.md.)
 fn skip_refusing(clusters: &mut Vec<String>, targets: &BTreeMap<String, TargetPlan>) {
     let refuses = |c: &String| {
         targets

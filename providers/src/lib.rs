@@ -16,7 +16,7 @@
 //!   AWS event stream), for the evidence record.
 //!
 //! Credentials are not here: the per-attempt stage never holds a secret. Envoy's own
-//! filters add them after this stage (docs/ARCHITECTURE.md, "Per-attempt credentials").
+//! filters add them after this stage (docs/design/credentials.md, "Per-attempt credentials").
 
 pub mod eventstream;
 mod json;
