@@ -451,42 +451,42 @@ fn without_url(e: reqwest::Error) -> String {
 
 /// Where tokens come from.
 #[derive(Debug)]
-pub enum Source {
+pub enum TokenSource {
     /// A service-account key file, re-read at every refresh so a rotated key is picked up.
     KeyFile(PathBuf),
     MetadataServer(MetadataServer),
 }
 
-impl Source {
+impl TokenSource {
     /// Application Default Credentials order: `GOOGLE_APPLICATION_CREDENTIALS` names a
     /// key file, else the metadata server (`GCE_METADATA_HOST` or the default).
-    pub fn adc(env: impl Fn(&str) -> Option<String>) -> Result<Source, Error> {
+    pub fn adc(env: impl Fn(&str) -> Option<String>) -> Result<TokenSource, Error> {
         match env("GOOGLE_APPLICATION_CREDENTIALS").filter(|p| !p.is_empty()) {
-            Some(path) => Ok(Source::KeyFile(PathBuf::from(path))),
-            None => Ok(Source::MetadataServer(MetadataServer::from_env(env)?)),
+            Some(path) => Ok(TokenSource::KeyFile(PathBuf::from(path))),
+            None => Ok(TokenSource::MetadataServer(MetadataServer::from_env(env)?)),
         }
     }
 
     /// Check the source before the first refresh (a key file must load).
     pub fn check(&self) -> Result<(), Error> {
         match self {
-            Source::KeyFile(path) => ServiceAccountKey::load(path).map(|_| ()),
-            Source::MetadataServer(_) => Ok(()),
+            TokenSource::KeyFile(path) => ServiceAccountKey::load(path).map(|_| ()),
+            TokenSource::MetadataServer(_) => Ok(()),
         }
     }
 
     /// A short description for logs: a path or a URL, never a secret.
     pub fn describe(&self) -> String {
         match self {
-            Source::KeyFile(path) => format!("service-account key file {}", path.display()),
-            Source::MetadataServer(m) => format!("metadata server {}", m.token_url()),
+            TokenSource::KeyFile(path) => format!("service-account key file {}", path.display()),
+            TokenSource::MetadataServer(m) => format!("metadata server {}", m.token_url()),
         }
     }
 
     pub async fn mint(&self, http: &reqwest::Client, now: SystemTime) -> Result<Minted, Error> {
         match self {
-            Source::KeyFile(path) => ServiceAccountKey::load(path)?.mint(http, now).await,
-            Source::MetadataServer(m) => m.mint(http).await,
+            TokenSource::KeyFile(path) => ServiceAccountKey::load(path)?.mint(http, now).await,
+            TokenSource::MetadataServer(m) => m.mint(http).await,
         }
     }
 }
@@ -614,18 +614,18 @@ mod tests {
 
     #[test]
     fn adc_prefers_google_application_credentials_then_the_metadata_server() {
-        let source = Source::adc(|k| {
+        let source = TokenSource::adc(|k| {
             (k == "GOOGLE_APPLICATION_CREDENTIALS").then(|| "/keys/sa.json".to_string())
         })
         .unwrap();
-        assert!(matches!(source, Source::KeyFile(p) if p == Path::new("/keys/sa.json")));
-        let source = Source::adc(|_| None).unwrap();
-        assert!(matches!(&source, Source::MetadataServer(m)
+        assert!(matches!(source, TokenSource::KeyFile(p) if p == Path::new("/keys/sa.json")));
+        let source = TokenSource::adc(|_| None).unwrap();
+        assert!(matches!(&source, TokenSource::MetadataServer(m)
             if m.token_url() == "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"));
         let source =
-            Source::adc(|k| (k == "GCE_METADATA_HOST").then(|| "127.0.0.1:8080".to_string()))
+            TokenSource::adc(|k| (k == "GCE_METADATA_HOST").then(|| "127.0.0.1:8080".to_string()))
                 .unwrap();
-        assert!(matches!(&source, Source::MetadataServer(m)
+        assert!(matches!(&source, TokenSource::MetadataServer(m)
             if m.token_url().starts_with("http://127.0.0.1:8080/computeMetadata/")));
     }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use halo_credentials::google::{MetadataServer, Source};
+use halo_credentials::google::{MetadataServer, TokenSource};
 use halo_credentials::refresh::Policy;
 use halo_credentials::run::{Refresher, SystemClock};
 use halo_credentials::sds::{self, SdsFile};
@@ -152,9 +152,9 @@ async fn vertex(args: VertexArgs) -> ExitCode {
     }
     let env = |k: &str| std::env::var(k).ok();
     let source = match (args.key_file, args.metadata_server) {
-        (Some(path), _) => Ok(Source::KeyFile(path)),
-        (None, Some(url)) => MetadataServer::new(&url).map(Source::MetadataServer),
-        (None, None) => Source::adc(env),
+        (Some(path), _) => Ok(TokenSource::KeyFile(path)),
+        (None, Some(url)) => MetadataServer::new(&url).map(TokenSource::MetadataServer),
+        (None, None) => TokenSource::adc(env),
     };
     let source = match source.and_then(|s| s.check().map(|()| s)) {
         Ok(s) => s,

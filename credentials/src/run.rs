@@ -6,7 +6,7 @@
 
 use std::time::SystemTime;
 
-use crate::google::{self, Source};
+use crate::google::{self, TokenSource};
 use crate::refresh::{Lease, Policy, Schedule};
 use crate::sds::{SdsError, SdsFile};
 
@@ -36,7 +36,7 @@ pub enum AttemptError {
 
 /// One token kept fresh in one SDS file.
 pub struct Refresher<C: Clock> {
-    source: Source,
+    source: TokenSource,
     sds: SdsFile,
     http: reqwest::Client,
     schedule: Schedule,
@@ -45,7 +45,7 @@ pub struct Refresher<C: Clock> {
 
 impl<C: Clock> Refresher<C> {
     pub fn new(
-        source: Source,
+        source: TokenSource,
         sds: SdsFile,
         policy: Policy,
         clock: C,

@@ -11,7 +11,7 @@
 // #[test] functions, and this in the helpers beside them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use halo_credentials::google::Source;
+use halo_credentials::google::TokenSource;
 use halo_credentials::refresh::Policy;
 use halo_credentials::run::{Refresher, SystemClock};
 use halo_credentials::sds::{self, SdsFile};
@@ -64,7 +64,7 @@ async fn a_vertex_attempt_carries_the_token_halo_credentials_minted_and_only_to_
     let sds_path = dir.path().join("sds/vertex.json");
     let sds_file = SdsFile::new(&sds_path, "halo-vertex-token", sds::Value::Bearer).expect("sds");
     let mut refresher = Refresher::new(
-        Source::KeyFile(key),
+        TokenSource::KeyFile(key),
         sds_file,
         Policy::default(),
         SystemClock,

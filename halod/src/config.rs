@@ -69,12 +69,12 @@ pub struct Config {
     pub report_url: Option<String>,
     /// Opt-in: poll halo-server's signed kill list.
     #[serde(default)]
-    pub kill_switch: Option<KillSwitch>,
+    pub kill_switch: Option<KillSwitchConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct KillSwitch {
+pub struct KillSwitchConfig {
     /// `GET /api/v1/fleet/killswitch` (device token) on halo-server.
     pub url: String,
     /// The kill-list public key (PEM): a separate key from the release key.
@@ -156,7 +156,7 @@ impl Config {
     }
 }
 
-impl KillSwitch {
+impl KillSwitchConfig {
     pub fn interval(&self) -> Duration {
         self.interval.unwrap_or(DEFAULT_KILL_INTERVAL)
     }

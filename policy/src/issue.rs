@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::types::Source;
+use crate::types::DocumentSource;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Severity {
@@ -18,7 +18,7 @@ pub enum Severity {
 pub struct Issue {
     pub severity: Severity,
     /// The document; `None` for problems of the repo as a whole (a missing halos.yaml).
-    pub source: Option<Source>,
+    pub source: Option<DocumentSource>,
     /// Field path inside the document, for example `models.opus.targets[1].weight`;
     /// empty for the document as a whole.
     pub field: String,
@@ -29,7 +29,7 @@ pub struct Issue {
 
 impl Issue {
     pub fn error(
-        source: Option<Source>,
+        source: Option<DocumentSource>,
         field: impl Into<String>,
         rule: impl Into<String>,
         message: impl Into<String>,
@@ -44,7 +44,7 @@ impl Issue {
     }
 
     pub fn warning(
-        source: Option<Source>,
+        source: Option<DocumentSource>,
         field: impl Into<String>,
         rule: impl Into<String>,
         message: impl Into<String>,

@@ -32,7 +32,7 @@ use serde_saphyr::MessageFormatter;
 use serde_saphyr::granit_parser::{Event, Parser};
 
 use crate::issue::Issue;
-use crate::types::{API_VERSION, Kind, Org, Source};
+use crate::types::{API_VERSION, DocumentSource, Kind, Org};
 
 /// The root file: the organisation, its identity provider, self-service.
 pub const ROOT_FILE: &str = "halos.yaml";
@@ -309,9 +309,9 @@ struct Loader {
     org: Org,
     issues: Vec<Issue>,
     /// The first document that said `kind: Gateway`, decoded or not.
-    gateway: Option<Source>,
+    gateway: Option<DocumentSource>,
     /// The first document of halos.yaml.
-    root: Option<Source>,
+    root: Option<DocumentSource>,
     /// halos.yaml held something other than empty documents (possibly broken).
     root_content: bool,
     /// Some document's kind is unknowable (unreadable file, broken YAML): it may be the
@@ -493,7 +493,11 @@ impl Loader {
     }
 
     /// Decode the document (minus apiVersion and kind) into `T`; a failure is an issue.
-    fn decode<T: DeserializeOwned>(&mut self, doc: &Document<'_>, src: &Source) -> Option<T> {
+    fn decode<T: DeserializeOwned>(
+        &mut self,
+        doc: &Document<'_>,
+        src: &DocumentSource,
+    ) -> Option<T> {
         let mut path = None;
         let result = serde_saphyr::with_deserializer_from_str_with_options(
             doc.text,
@@ -520,7 +524,7 @@ impl Loader {
         &mut self,
         kind: Kind,
         name: String,
-        src: Source,
+        src: DocumentSource,
         value: T,
         map: impl FnOnce(&mut Org) -> &mut BTreeMap<String, T>,
     ) {
@@ -539,8 +543,8 @@ impl Loader {
     }
 }
 
-fn source(file: &str, document: usize) -> Source {
-    Source {
+fn source(file: &str, document: usize) -> DocumentSource {
+    DocumentSource {
         file: file.to_string(),
         document,
     }
@@ -790,7 +794,7 @@ impl Failure {
         }
     }
 
-    fn into_issue(self, src: Source) -> Issue {
+    fn into_issue(self, src: DocumentSource) -> Issue {
         Issue::error(Some(src), self.field, self.rule, self.message)
     }
 }

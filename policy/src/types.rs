@@ -1041,12 +1041,12 @@ impl std::fmt::Display for Kind {
 /// Where a document came from: its file (relative to the policy dir) and its 1-based
 /// position in that file.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
-pub struct Source {
+pub struct DocumentSource {
     pub file: String,
     pub document: usize,
 }
 
-impl std::fmt::Display for Source {
+impl std::fmt::Display for DocumentSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} (document {})", self.file, self.document)
     }
@@ -1064,12 +1064,12 @@ pub struct Org {
     pub rollouts: BTreeMap<String, Rollout>,
     /// Where each document came from, for issue messages. Key: (kind, name); the root
     /// and the Gateway use an empty name.
-    pub sources: BTreeMap<(Kind, String), Source>,
+    pub sources: BTreeMap<(Kind, String), DocumentSource>,
 }
 
 impl Org {
     /// The source of a document, if it was loaded from disk.
-    pub fn source(&self, kind: Kind, name: &str) -> Option<&Source> {
+    pub fn source(&self, kind: Kind, name: &str) -> Option<&DocumentSource> {
         self.sources.get(&(kind, name.to_string()))
     }
 

@@ -22,8 +22,8 @@ use crate::guardrails::{self, Guardrail};
 use crate::harness_models::{self, FamilyModel};
 use crate::issue::Issue;
 use crate::types::{
-    AtLimit, Axis, CONTROL_VARIANT, Experiment, Harness, Kind, MAX_PRICE_USD, ModelRoute, Org,
-    Rollout, RolloutStatus, Source, Target, UpstreamKind,
+    AtLimit, Axis, CONTROL_VARIANT, DocumentSource, Experiment, Harness, Kind, MAX_PRICE_USD,
+    ModelRoute, Org, Rollout, RolloutStatus, Target, UpstreamKind,
 };
 
 /// Rule for names that point at nothing (or at the wrong kind of thing).
@@ -270,7 +270,7 @@ struct Checker<'a> {
 struct Doc<'a>(Kind, &'a str);
 
 impl Checker<'_> {
-    fn source(&self, doc: Doc<'_>) -> Option<Source> {
+    fn source(&self, doc: Doc<'_>) -> Option<DocumentSource> {
         self.org.source(doc.0, doc.1).cloned()
     }
 

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use halo_policy::load::{LoadError, load_dir, load_files, rule};
-use halo_policy::{Effect, Harness, Issue, Kind, Org, Source};
+use halo_policy::{DocumentSource, Effect, Harness, Issue, Kind, Org};
 
 const ROOT: &str = "apiVersion: halos.dev/v1\norg: acme\n";
 
@@ -59,8 +59,8 @@ fn with_base<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     files
 }
 
-fn src(file: &str, document: usize) -> Option<Source> {
-    Some(Source {
+fn src(file: &str, document: usize) -> Option<DocumentSource> {
+    Some(DocumentSource {
         file: file.to_string(),
         document,
     })
@@ -544,7 +544,7 @@ fn every_problem_in_every_file_is_reported() {
         ],
     );
     let issues = dir_issues(tmp.path());
-    let found: Vec<(Option<Source>, &str, &str)> = issues
+    let found: Vec<(Option<DocumentSource>, &str, &str)> = issues
         .iter()
         .map(|i| (i.source.clone(), i.field.as_str(), i.rule.as_str()))
         .collect();
@@ -582,7 +582,7 @@ fn a_syntax_error_keeps_the_documents_before_it() {
         ring("b", 2).replace("order: 2", "order: two")
     );
     let issues = load_issues(&with_base(&[("rings.yaml", &file)]));
-    let found: Vec<(Option<Source>, &str)> = issues
+    let found: Vec<(Option<DocumentSource>, &str)> = issues
         .iter()
         .map(|i| (i.source.clone(), i.rule.as_str()))
         .collect();

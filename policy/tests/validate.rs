@@ -201,7 +201,7 @@ fn org() -> Org {
     let mut add = |kind: Kind, name: &str, file: &str, document: usize| {
         org.sources.insert(
             (kind, name.to_string()),
-            Source {
+            DocumentSource {
                 file: file.to_string(),
                 document,
             },
@@ -943,7 +943,7 @@ fn a_rollout_is_carried_by_its_experiments_one_split() {
     second.name = "again".into();
     org.sources.insert(
         (Kind::Rollout, "again".into()),
-        Source {
+        DocumentSource {
             file: "rollouts/again.yaml".into(),
             document: 1,
         },
@@ -1410,7 +1410,7 @@ fn guard_no_overlapping_traffic() {
     other.variants[0].weight = 50;
     org.sources.insert(
         (Kind::Experiment, "sonnet-ab".into()),
-        Source {
+        DocumentSource {
             file: "experiments/sonnet-ab.yaml".into(),
             document: 1,
         },
@@ -1442,7 +1442,7 @@ fn guard_no_overlapping_traffic() {
     });
     org.sources.insert(
         (Kind::Ring, "staff".into()),
-        Source {
+        DocumentSource {
             file: "rings.yaml".into(),
             document: 3,
         },

@@ -19,7 +19,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use halo_credentials::google::Source;
+use halo_credentials::google::TokenSource;
 use halo_credentials::refresh::Policy;
 use halo_credentials::run::{Refresher, SystemClock};
 use halo_credentials::sds::{self, SdsFile};
@@ -217,7 +217,7 @@ async fn bedrock_and_vertex_treatments_are_signed_sent_and_recorded_by_the_binar
     let sds_path = env.path("sds/vertex.json");
     let key = write_key_file(env.dir.path(), &google.token_uri(), SA_KEY_PEM);
     let mut refresher = Refresher::new(
-        Source::KeyFile(key),
+        TokenSource::KeyFile(key),
         SdsFile::new(&sds_path, "halo-vertex-token", sds::Value::Bearer).expect("sds"),
         Policy::default(),
         SystemClock,

@@ -93,7 +93,10 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 #[test]
 fn the_modules_import_each_other_without_a_cycle() {
     let graph = imports();
-    assert!(graph.contains_key("server") && graph.contains_key("http"), "{graph:?}");
+    assert!(
+        graph.contains_key("server") && graph.contains_key("http"),
+        "{graph:?}"
+    );
     if let Some(cycle) = find_cycle(&graph) {
         panic!("an import cycle: {}", cycle.join(" -> "));
     }
