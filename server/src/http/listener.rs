@@ -98,8 +98,10 @@ pub fn rewrite(head: &[u8]) -> Option<Vec<u8>> {
         431 => "the request's headers are too many (over 100) or too large (over 400 KiB)",
         _ => "the request was refused",
     };
-    let error = crate::http::status_code_name(axum::http::StatusCode::from_u16(code).ok()?);
-    let body = serde_json::json!({"error": error, "message": message}).to_string();
+    let status = axum::http::StatusCode::from_u16(code).ok()?;
+    let body = super::ApiError::new(status, super::status_code_name(status), message)
+        .body()
+        .to_string();
     let mut out = format!("HTTP/1.1 {status_line}\r\n");
     for line in kept {
         out.push_str(line);

@@ -75,15 +75,22 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The answer's body: `{"error", "message"}` and the refusal's own fields.
+    pub fn body(&self) -> serde_json::Value {
         let mut body = json!({"error": self.code, "message": self.message});
         if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
-            (self.extra, body.as_object_mut())
+            (&self.extra, body.as_object_mut())
         {
-            obj.extend(extra);
+            obj.extend(extra.clone());
         }
-        let mut resp = (self.status, Json(body)).into_response();
+        body
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, Json(self.body())).into_response();
         match self.status {
             StatusCode::UNAUTHORIZED => {
                 resp.headers_mut().insert(
