@@ -29,6 +29,8 @@ struct Fixture {
     backup: Provider,
     /// Answers 503 until told otherwise (the breaker's test).
     flaky: Provider,
+    /// The one target of `single-503`: answers 503.
+    lone: Provider,
     _issuer: Issuer,
 }
 
@@ -42,6 +44,7 @@ async fn fixture() -> Fixture {
     let cut = Provider::behaving("cut", Behaviour::HeadersThenReset).await;
     let backup = Provider::start("backup").await;
     let flaky = Provider::behaving("flaky", Behaviour::Status(503)).await;
+    let lone = Provider::behaving("lone", Behaviour::Status(503)).await;
     // Nothing listens here: connections are refused.
     let refused = format!("http://127.0.0.1:{}", halo_testkit::free_port());
     let tiers = |first: &str, first_model: &str, second_model: &str| {
@@ -63,6 +66,7 @@ async fn fixture() -> Fixture {
             "cut": {"url": cut.url, "kind": "anthropic"},
             "backup": {"url": backup.url, "kind": "anthropic"},
             "flaky": {"url": flaky.url, "kind": "anthropic"},
+            "lone": {"url": lone.url, "kind": "anthropic"},
         },
         "models": {
             "on-503": tiers("unavailable", "model-503", "backup-after-503"),
@@ -75,6 +79,7 @@ async fn fixture() -> Fixture {
                 {"upstream": "limited", "model": "all-fail-429", "priority": 1},
             ],
             "unreachable": [{"upstream": "refused", "model": "unreachable-model"}],
+            "single-503": [{"upstream": "lone", "model": "lone-model"}],
             "breaker-503": tiers("flaky", "flaky-model", "backup-after-flaky"),
             "breaker-429": tiers("limited", "limited-model", "backup-after-limited"),
         },
@@ -102,6 +107,7 @@ async fn fixture() -> Fixture {
         cut,
         backup,
         flaky,
+        lone,
         _issuer: issuer,
     }
 }
@@ -300,6 +306,29 @@ async fn every_target_failing_is_answered_503_no_available_target() {
     }
     let series = f.gw.filter_series();
     assert_eq!(series.get(key), Some(&3), "{series:?}");
+}
+
+/// A model of one target is tried once (spec: "a single-target route is not retried"; a
+/// retried model call is a duplicated bill): its failure is the client's 503
+/// `no_available_target` after one attempt, streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_target_model_is_tried_once() {
+    let f = fixture().await;
+    let auth = [("authorization", f.token.as_str())];
+    for (n, stream) in [(1, false), (2, true)] {
+        let a =
+            f.gw.post("/v1/messages", &auth, &msg("single-503", stream))
+                .await;
+        assert_eq!(a.status, 503, "{}", a.text());
+        assert_eq!(
+            a.json()["error"]["type"],
+            "no_available_target",
+            "{}",
+            a.text()
+        );
+        // Envoy answers once its attempts are over: what the provider saw is final.
+        assert_eq!(models_seen(&f.lone), vec!["lone-model"; n], "attempts");
+    }
 }
 
 /// The breaker as the spec says (halos-low-level-design.md, step 10): with more than one

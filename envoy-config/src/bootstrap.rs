@@ -19,8 +19,8 @@ use halo_policy::Snapshot;
 
 use crate::credentials::{self, AttemptTarget};
 use crate::plan::{
-    self, AggregatePlan, BY_ROUTE_HEADER, FilterPlan, GatewaySettings, Plan, PlanError, RoutePlan,
-    SERVICE_CONNECT_TIMEOUT_SECONDS, ServicePlan, TargetPlan,
+    self, AggregatePlan, AggregateRoute, BY_ROUTE_HEADER, FilterPlan, GatewaySettings, Plan,
+    PlanError, RoutePlan, SERVICE_CONNECT_TIMEOUT_SECONDS, ServicePlan, TargetPlan,
 };
 use crate::tls::UpstreamTls;
 use halo_contract::names;
@@ -146,14 +146,18 @@ pub fn aggregate_cluster(plan: &Plan, a: &AggregatePlan) -> Value {
     aggregate
 }
 
-/// The model routes of `r`, in order: one per aggregate in its `header_timeouts` (matched
-/// on its name in the route header) whose retry policy has that `per_try_timeout`, then
-/// the route for every other aggregate (`cluster_header`).
+/// The model routes of `r`, in order: one per aggregate of its `aggregate_routes`
+/// (matched on its name in the route header) whose retry policy has that aggregate's
+/// `per_try_timeout` and retries, then the route for every other aggregate
+/// (`cluster_header`).
 pub fn model_routes(r: &RoutePlan) -> Vec<Value> {
-    let route = |name: &str, matcher: Value, target: (&str, &str), per_try: Option<u32>| {
+    let route = |name: &str, matcher: Value, target: (&str, &str), own: Option<&AggregateRoute>| {
         let mut retry = retry_policy(r);
-        if let Some(secs) = per_try {
-            retry["per_try_timeout"] = json!(format!("{secs}s"));
+        if let Some(own) = own {
+            retry["num_retries"] = json!(own.num_retries);
+            if let Some(secs) = own.per_try_timeout_seconds {
+                retry["per_try_timeout"] = json!(format!("{secs}s"));
+            }
         }
         let mut action = json!({
             target.0: target.1,
@@ -173,9 +177,9 @@ pub fn model_routes(r: &RoutePlan) -> Vec<Value> {
         })
     };
     let mut routes: Vec<Value> = r
-        .header_timeouts
+        .aggregate_routes
         .iter()
-        .map(|(aggregate, secs)| {
+        .map(|(aggregate, own)| {
             route(
                 aggregate,
                 json!({"prefix": "/", "headers": [{
@@ -183,7 +187,7 @@ pub fn model_routes(r: &RoutePlan) -> Vec<Value> {
                     "string_match": {"exact": aggregate},
                 }]}),
                 ("cluster", aggregate),
-                Some(*secs),
+                Some(own),
             )
         })
         .collect();

@@ -411,20 +411,33 @@ pub struct RoutePlan {
     pub retriable_status_codes: Vec<u32>,
     pub num_retries: u32,
     pub idle_timeout_seconds: u32,
-    /// Per aggregate whose first pick has `timeoutSeconds`: that bound on each attempt's
-    /// wait for response headers, a route of its own matched on the aggregate's name in
-    /// the route header, before the catch-all route ([`BY_ROUTE_HEADER`]). A target's
-    /// `timeoutSeconds` bounds connect (its cluster's) and the wait for headers (this
-    /// per-try timeout): a primary that accepts and hangs is retried on the next target.
-    /// Envoy ignores a per-try timeout once the response started downstream, so a started
-    /// stream is never cut (seen in Envoy 1.40, `e2e/tests/timeouts.rs`). Envoy takes
-    /// it per route, so every attempt of the request gets the first pick's bound.
+    /// The aggregates whose route differs from the catch-all's, each a route of its own
+    /// matched on the aggregate's name in the route header, before the catch-all route
+    /// ([`BY_ROUTE_HEADER`]): see [`AggregateRoute`].
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub header_timeouts: BTreeMap<String, u32>,
+    pub aggregate_routes: BTreeMap<String, AggregateRoute>,
+}
+
+/// How one aggregate's route differs from the catch-all's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AggregateRoute {
+    /// The first pick's `timeoutSeconds`: the bound on each attempt's wait for response
+    /// headers. A target's `timeoutSeconds` bounds connect (its cluster's) and the wait
+    /// for headers (this per-try timeout): a primary that accepts and hangs is retried on
+    /// the next target. Envoy ignores a per-try timeout once the response started
+    /// downstream, so a started stream is never cut (seen in Envoy 1.40,
+    /// `e2e/tests/timeouts.rs`). Envoy takes it per route, so every attempt of the request
+    /// gets the first pick's bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_try_timeout_seconds: Option<u32>,
+    /// 0 for an aggregate of one target: there is nothing to fail over to, and a retried
+    /// model call is a duplicated bill (spec: "a single-target route is not retried").
+    pub num_retries: u32,
 }
 
 impl RoutePlan {
-    /// The model route under `settings`, with no per-try timeouts.
+    /// The model route under `settings`, with no route of any aggregate's own.
     pub fn new(settings: &GatewaySettings) -> RoutePlan {
         RoutePlan {
             name: settings.route_config_name.clone(),
@@ -435,7 +448,7 @@ impl RoutePlan {
             retriable_status_codes: RETRIABLE_STATUS_CODES.to_vec(),
             num_retries: settings.max_attempts.saturating_sub(1),
             idle_timeout_seconds: settings.stream_idle_timeout_seconds,
-            header_timeouts: BTreeMap::new(),
+            aggregate_routes: BTreeMap::new(),
         }
     }
 }
@@ -678,8 +691,16 @@ pub fn plan(snap: &Snapshot, settings: &GatewaySettings) -> Result<Plan, PlanErr
                 cluster_names::route_aggregates(snap, scope, alias, targets_of_route)
             {
                 skip_refusing(&mut clusters, &targets);
-                if let Some(secs) = clusters.first().and_then(|c| timeouts.get(c)) {
-                    route.header_timeouts.insert(name.clone(), *secs);
+                let per_try = clusters.first().and_then(|c| timeouts.get(c)).copied();
+                let single = clusters.len() == 1;
+                if per_try.is_some() || single {
+                    route.aggregate_routes.insert(
+                        name.clone(),
+                        AggregateRoute {
+                            per_try_timeout_seconds: per_try,
+                            num_retries: if single { 0 } else { route.num_retries },
+                        },
+                    );
                 }
                 aggregates.insert(
                     name.clone(),

@@ -159,7 +159,8 @@ fn every_routed_upstream_has_a_cluster_and_jwt_authn_names_the_policy_identity()
         .as_array()
         .expect("routes");
     // Last, every aggregate by the filter's header; before it, one route per aggregate
-    // whose first pick has timeoutSeconds (opus: bedrock-use1, 30 s).
+    // whose first pick has timeoutSeconds (opus: bedrock-use1, 30 s) or that has one
+    // target only (never retried: a retried model call is a duplicated bill).
     assert_eq!(
         routes.last().expect("a route")["route"]["cluster_header"],
         "x-halo-route"
@@ -169,6 +170,16 @@ fn every_routed_upstream_has_a_cluster_and_jwt_authn_names_the_policy_identity()
         .find(|r| r["route"]["cluster"] == "opus-0")
         .expect("opus-0 has a route of its own");
     assert_eq!(opus["route"]["retry_policy"]["per_try_timeout"], "30s");
+    assert_eq!(opus["route"]["retry_policy"]["num_retries"], 2);
+    let single = routes
+        .iter()
+        .find(|r| r["route"]["cluster"] == "gpt-1")
+        .expect("gpt-1 (one target after the first pick) has a route of its own");
+    assert_eq!(single["route"]["retry_policy"]["num_retries"], 0);
+    assert_eq!(
+        routes.last().expect("a route")["route"]["retry_policy"]["num_retries"],
+        2
+    );
     assert_eq!(
         opus["match"]["headers"][0],
         json!({"name": "x-halo-route", "string_match": {"exact": "opus-0"}})

@@ -54,8 +54,8 @@ use halo_envoy_config::tls::{San, UpstreamTls};
 
 use crate::cache::Resource;
 use halo_envoy_config::plan::{
-    AggregatePlan, BY_ROUTE_HEADER, ListenerPlan, Plan, RoutePlan, SERVICE_CONNECT_TIMEOUT_SECONDS,
-    ServicePlan, TargetPlan,
+    AggregatePlan, AggregateRoute, BY_ROUTE_HEADER, ListenerPlan, Plan, RoutePlan,
+    SERVICE_CONNECT_TIMEOUT_SECONDS, ServicePlan, TargetPlan,
 };
 
 use halo_contract::names::METADATA_NAMESPACE;
@@ -322,17 +322,17 @@ pub fn aggregate_cluster(
 }
 
 /// The model routes (halo-envoy-config's `model_routes`, the standalone bootstrap's): one
-/// per aggregate with a header timeout (matched on its name in the route header, the
-/// first pick's `timeoutSeconds` as per-try timeout), then the route for every other
+/// per aggregate of the plan's `aggregate_routes` (matched on its name in the route
+/// header, with its own per-try timeout and retries), then the route for every other
 /// aggregate (cluster from the filter's header). Retries walk the failover order.
 pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
-    let retry_policy = |per_try: Option<u32>| RetryPolicy {
+    let retry_policy = |own: Option<&AggregateRoute>| RetryPolicy {
         retry_on: r.retry_on.clone(),
         num_retries: Some(UInt32Value {
-            value: r.num_retries,
+            value: own.map_or(r.num_retries, |o| o.num_retries),
         }),
         retriable_status_codes: r.retriable_status_codes.clone(),
-        per_try_timeout: per_try.map(seconds),
+        per_try_timeout: own.and_then(|o| o.per_try_timeout_seconds).map(seconds),
         // Each retry goes to the next priority (sub-cluster) not yet tried.
         retry_priority: Some(retry_policy::RetryPriority {
             name: "envoy.retry_priorities.previous_priorities".into(),
@@ -366,9 +366,9 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
         ..Route::default()
     };
     let mut routes: Vec<Route> = r
-        .header_timeouts
+        .aggregate_routes
         .iter()
-        .map(|(aggregate, secs)| {
+        .map(|(aggregate, own)| {
             route(
                 aggregate,
                 vec![HeaderMatcher {
@@ -382,7 +382,7 @@ pub fn route_configuration(r: &RoutePlan) -> RouteConfiguration {
                     ..HeaderMatcher::default()
                 }],
                 ClusterSpecifier::Cluster(aggregate.clone()),
-                Some(*secs),
+                Some(own),
             )
         })
         .collect();
