@@ -669,3 +669,14 @@ fn a_missing_directory_is_an_io_error() {
         other => panic!("expected an I/O error, got {other:?}"),
     }
 }
+
+/// The project's own example is what a new user copies: it loads and validates with no
+/// error and no warning (`halo validate`, the renderers and halo-demo print every warning).
+#[test]
+fn the_acme_corp_example_validates_with_no_warning() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/acme-corp");
+    let org = load_dir(&dir).expect("examples/acme-corp loads");
+    let issues = halo_policy::validate::validate(&org);
+    let shown: Vec<String> = issues.iter().map(ToString::to_string).collect();
+    assert!(shown.is_empty(), "{}", shown.join("\n"));
+}
