@@ -8,10 +8,12 @@
 //! - [`facts`]: the facts the filter writes per call and the evidence record's attributes.
 //! - [`attempts`]: the statuses Envoy retries and the per-target breakers' settings.
 //! - [`budget`]: the budget check's rate-limit domain and descriptor entries.
+//! - [`limits`]: bounds both sides apply (the request body's).
 //! - [`shadow`]: the shadow job the filter sends halo-server's mirror service.
 
 pub mod attempts;
 pub mod budget;
 pub mod facts;
+pub mod limits;
 pub mod names;
 pub mod shadow;

@@ -35,7 +35,7 @@ use halo_contract::attempts::{Breaker, RETRIABLE_STATUS_CODES};
 use halo_contract::names;
 
 /// Default request body bound of model calls (the filter's default too).
-pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+pub use halo_contract::limits::DEFAULT_MAX_BODY_BYTES;
 
 /// The connect timeout of a service cluster (the JWKS, the kill list) and of an aggregate
 /// (which connects nothing itself); a target's is its `timeoutSeconds` or

@@ -26,8 +26,8 @@ use serde::Deserialize;
 
 use crate::cidr::Cidr;
 
-/// Default body bound for model calls: 32 MiB.
-pub const DEFAULT_MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// Default body bound for model calls (32 MiB), the plan's too.
+pub use halo_contract::limits::DEFAULT_MAX_BODY_BYTES;
 /// Default kill-list poll interval.
 pub const DEFAULT_KILL_INTERVAL_SECS: u32 = 10;
 const DEFAULT_USER_CLAIM: &str = "email";
