@@ -12,10 +12,12 @@ cargo build --locked -p halo-filter-wasm --target wasm32-unknown-unknown --relea
 cargo build --locked -p halo-filter-native --release
 cargo test --locked --workspace --all-features
 # The live suites once more with the native build in Envoy (halo_testkit::filter_module):
-# the filter's own (with the CLI's routes against Envoy and `halo auth token` as Claude
-# Code's apiKeyHelper through Envoy), halo-server's pushes over xDS, the controller's loop
-# through Envoy, the budget check.
+# all of halo-e2e (the filter's own suites, the CLI's against Envoy), then every other
+# suite that runs the filter in Envoy, as scripts/filter-suites.sh derives them from the
+# sources (halo-server's pushes over xDS, the controller's loop, the budget check, the
+# mirror, the console...), so a new suite cannot miss a build.
 HALO_FILTER=native cargo test --locked -p halo-e2e
-HALO_FILTER=native cargo test --locked -p halo-server --test xds
-HALO_FILTER=native cargo test --locked -p halo-server --test controller_live
-HALO_FILTER=native cargo test --locked -p halo-server --test budgets
+suites=$(bash scripts/filter-suites.sh)
+while read -r package test; do
+  HALO_FILTER=native cargo test --locked -p "$package" --test "$test" </dev/null
+done <<<"$suites"
