@@ -13,7 +13,11 @@ fn every_suite_that_runs_the_filter_is_listed_for_the_native_build() {
         .arg(root.join("scripts/filter-suites.sh"))
         .output()
         .expect("bash runs the script");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let listed: Vec<(String, String)> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -38,7 +42,10 @@ fn every_suite_that_runs_the_filter_is_listed_for_the_native_build() {
             other => other.trim_start_matches("halo-"),
         };
         assert!(
-            root.join(dir).join("tests").join(format!("{test}.rs")).is_file(),
+            root.join(dir)
+                .join("tests")
+                .join(format!("{test}.rs"))
+                .is_file(),
             "{package} {test}"
         );
     }
