@@ -7,11 +7,13 @@
 
 mod budget;
 mod capabilities;
+mod console;
 mod controller;
 mod evidence;
 mod fleet;
 mod http;
 mod kill;
+mod shadow;
 mod xds;
 
 use std::net::SocketAddr;

@@ -1,0 +1,1 @@
+//! The mirror service's bounds (issue 46 item 5).
