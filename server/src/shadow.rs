@@ -147,7 +147,7 @@ impl ShadowMetrics {
     pub fn write_prometheus(&self, out: &mut Text) {
         out.counters(
             "halo_server_shadow_jobs_total",
-            "Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, header_missing, key_missing, key_host_refused, sent, send_failed, recorded, record_failed.",
+            "Shadow jobs by outcome: accepted, queue_full, unauthorized, malformed, too_old, over_budget, unknown_upstream, header_missing, key_missing, key_host_refused, send_failed, recorded, record_failed.",
             &["outcome"],
             &self.jobs,
         );
@@ -333,11 +333,16 @@ fn target_client(upstream_ca_file: Option<&Path>) -> anyhow::Result<reqwest::Cli
     builder.build().context("the mirror service's HTTP client")
 }
 
-/// Take jobs off the queue, at most `concurrency` at work at once.
+/// Take jobs off the queue, at most `concurrency` at work at once. A slot is taken before
+/// a job leaves the queue, so a busy service holds at most `--shadow-queue` waiting jobs
+/// (taken first, a job would wait outside the queue's bound).
 async fn run_workers(mut rx: mpsc::Receiver<ShadowJob>, work: Arc<Work>, concurrency: usize) {
     let slots = Arc::new(tokio::sync::Semaphore::new(concurrency));
-    while let Some(job) = rx.recv().await {
+    loop {
         let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let Some(job) = rx.recv().await else {
             return;
         };
         let work = Arc::clone(&work);
