@@ -8,8 +8,8 @@
 //! bytes once with no allocation. String contents are skipped with a bitmap of the `"`,
 //! `\` and control bytes of each 64-byte window (16 bytes per vector step with wasm
 //! simd128 or SSE2; 8-byte words elsewhere), so a short string ends with a bit lookup:
-//! ~2.3x faster than serde inside V8 and 1.8x natively (BENCHMARKS.md, "Body probe
-//! (policy)"). What remains is per token.
+//! about twice serde's speed natively and in V8 (figures: BENCHMARKS.md, "Body probe
+//! (policy)"; the V8 runs: docs/design/policy.md). What remains is per token.
 //!
 //! It must not be laxer than serde_json, because the gateway and the provider have to read
 //! the same document: a body one lenient parser reads differently from another could carry

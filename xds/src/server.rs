@@ -156,7 +156,7 @@ where
 ///
 /// Written by hand rather than through tonic's encoder because tonic encodes every
 /// message into a per-stream buffer that keeps the largest message's allocation for the
-/// stream's life: 1,000 Envoys held 1,000 copies of the cluster set (BENCHMARKS.md).
+/// stream's life: 1,000 Envoys held 1,000 copies of the cluster set (docs/design/xds.md).
 struct ResponseBody {
     rx: mpsc::Receiver<Outgoing>,
     queued: std::collections::VecDeque<Bytes>,
