@@ -292,12 +292,14 @@ pub struct Disabled {
 pub fn disabled(routes: &[(&str, &str)], answer: Disabled) -> Router {
     let mut router = Router::new();
     for (method, path) in routes {
-        let filter = match *method {
-            "GET" => MethodFilter::GET,
-            "POST" => MethodFilter::POST,
-            "PUT" => MethodFilter::PUT,
-            "DELETE" => MethodFilter::DELETE,
-            _ => MethodFilter::PATCH,
+        // The route lists are the features' own constants, so a method that does not
+        // parse is this crate's mistake: the OpenAPI test lists every route served.
+        let Some(filter) = Method::from_bytes(method.as_bytes())
+            .ok()
+            .and_then(|m| MethodFilter::try_from(m).ok())
+        else {
+            tracing::error!(%method, %path, "a disabled route with no such method");
+            continue;
         };
         router = router.route(
             path,
