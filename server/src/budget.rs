@@ -57,7 +57,7 @@ use tokio::sync::watch;
 
 use crate::auth::Admin;
 use crate::http::admin::AdminState;
-use crate::http::{AdminAuth, ApiError, Disabled, disabled};
+use crate::http::{AdminAuth, ApiError, Disabled, or_disabled};
 use crate::token::{TokenDigest, read_token_file};
 use halo_metrics::{CounterMap, Kind, Text};
 
@@ -743,12 +743,12 @@ impl AdminState for BudgetsApi {
 impl BudgetsApi {
     /// The status route, or its refusal without the service.
     pub fn router(api: Option<Arc<BudgetsApi>>) -> axum::Router {
-        match api {
-            Some(api) => axum::Router::new()
+        let served = api.map(|api| {
+            axum::Router::new()
                 .route("/api/v1/budgets/status", axum::routing::get(status))
-                .with_state(api),
-            None => disabled(ROUTES, DISABLED),
-        }
+                .with_state(api)
+        });
+        or_disabled(served, ROUTES, DISABLED)
     }
 }
 

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use crate::auth::Admin;
 use crate::http::admin::AdminState;
-use crate::http::{AdminAuth, ApiError, Disabled, disabled};
+use crate::http::{AdminAuth, ApiError, Disabled, or_disabled};
 use crate::policy::Policy;
 
 /// The feature's routes: the status needs a controller, a rollout's view does not (it
@@ -102,12 +102,12 @@ impl ControllerApi {
         let rollouts = Router::new()
             .route("/api/v1/rollouts/{name}", get(rollout_status))
             .with_state(Arc::clone(self));
-        let status = match &self.controller {
-            Some(_) => Router::new()
+        let status = self.controller.as_ref().map(|_| {
+            Router::new()
                 .route("/api/v1/controller/status", get(controller_status))
-                .with_state(Arc::clone(self)),
-            None => disabled(&ROUTES[..1], DISABLED),
-        };
+                .with_state(Arc::clone(self))
+        });
+        let status = or_disabled(status, &ROUTES[..1], DISABLED);
         rollouts.merge(status)
     }
 }

@@ -49,7 +49,7 @@ use serde_json::json;
 
 use crate::auth::Admin;
 use crate::http::admin::AdminState;
-use crate::http::{AdminAuth, ApiError, Disabled, disabled};
+use crate::http::{AdminAuth, ApiError, Disabled, or_disabled};
 use crate::token::{TokenDigest, read_token_file};
 
 /// Default largest batch (encoded OTLP request) accepted.
@@ -586,12 +586,12 @@ impl AdminState for SamplesApi {
 impl SamplesApi {
     /// The samples route, or its refusal without a store.
     pub fn router(api: Option<Arc<SamplesApi>>) -> axum::Router {
-        match api {
-            Some(api) => axum::Router::new()
+        let served = api.map(|api| {
+            axum::Router::new()
                 .route("/api/v1/evidence/samples", axum::routing::get(samples))
-                .with_state(api),
-            None => disabled(ROUTES, DISABLED),
-        }
+                .with_state(api)
+        });
+        or_disabled(served, ROUTES, DISABLED)
     }
 }
 

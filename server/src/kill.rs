@@ -107,10 +107,22 @@ impl Kill {
     /// The feature's routes.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
-            .route("/api/v1/experiments/{name}/kill", post(kill_experiment))
-            .route("/api/v1/experiments/{name}/unkill", post(unkill_experiment))
-            .route("/api/v1/toggles/{name}/kill", post(kill_toggle))
-            .route("/api/v1/toggles/{name}/unkill", post(unkill_toggle))
+            .route(
+                "/api/v1/experiments/{name}/kill",
+                post(change(Action::Kill, Target::Experiment)),
+            )
+            .route(
+                "/api/v1/experiments/{name}/unkill",
+                post(change(Action::Unkill, Target::Experiment)),
+            )
+            .route(
+                "/api/v1/toggles/{name}/kill",
+                post(change(Action::Kill, Target::Toggle)),
+            )
+            .route(
+                "/api/v1/toggles/{name}/unkill",
+                post(change(Action::Unkill, Target::Toggle)),
+            )
             .route("/api/v1/killswitch", get(status))
             .route("/api/v1/gateway/killswitch", get(gateway_list))
             .route("/api/v1/fleet/killswitch", get(fleet_list))
@@ -174,40 +186,19 @@ struct ReasonBody {
 
 type Body = Result<ApiJson<ReasonBody>, ApiError>;
 
-async fn kill_experiment(
-    s: State<Arc<Kill>>,
-    a: Admin,
-    n: Path<String>,
-    b: Body,
-) -> Result<Response, ApiError> {
-    change(s, a, n, b, Action::Kill, Target::Experiment).await
-}
-async fn unkill_experiment(
-    s: State<Arc<Kill>>,
-    a: Admin,
-    n: Path<String>,
-    b: Body,
-) -> Result<Response, ApiError> {
-    change(s, a, n, b, Action::Unkill, Target::Experiment).await
-}
-async fn kill_toggle(
-    s: State<Arc<Kill>>,
-    a: Admin,
-    n: Path<String>,
-    b: Body,
-) -> Result<Response, ApiError> {
-    change(s, a, n, b, Action::Kill, Target::Toggle).await
-}
-async fn unkill_toggle(
-    s: State<Arc<Kill>>,
-    a: Admin,
-    n: Path<String>,
-    b: Body,
-) -> Result<Response, ApiError> {
-    change(s, a, n, b, Action::Unkill, Target::Toggle).await
+/// What one kill or unkill request answers.
+type Answer = BoxFuture<'static, Result<Response, ApiError>>;
+
+/// The handler of one of the four kill and unkill routes (the console's is shaped alike).
+fn change(
+    action: Action,
+    target: Target,
+) -> impl Fn(State<Arc<Kill>>, Admin, Path<String>, Body) -> Answer + Clone + Send + Sync + 'static
+{
+    move |kill, admin, name, body| Box::pin(change_one(kill, admin, name, body, action, target))
 }
 
-async fn change(
+async fn change_one(
     State(kill): State<Arc<Kill>>,
     admin: Admin,
     Path(name): Path<String>,

@@ -27,7 +27,7 @@ use crate::evidence::SamplesApi;
 use crate::fleet::{Devices, FleetApi};
 use crate::http::listener::{JsonListener, Peer};
 use crate::http::secret::SecretGate;
-use crate::http::{AdminAuth, Requests, disabled, finish};
+use crate::http::{AdminAuth, Requests, finish, or_disabled};
 use crate::kill::{Kill, KillMetrics, KillParts};
 use crate::policy::Policy;
 use crate::token::read_token_file;
@@ -401,10 +401,11 @@ pub async fn start_with(
     );
     let api_routes = Router::new()
         .merge(Arc::clone(&capabilities).router())
-        .merge(match &kill {
-            Some(k) => k.router(),
-            None => disabled(crate::kill::ROUTES, crate::kill::DISABLED),
-        })
+        .merge(or_disabled(
+            kill.as_ref().map(Kill::router),
+            crate::kill::ROUTES,
+            crate::kill::DISABLED,
+        ))
         .merge(fleet.router())
         .merge(SamplesApi::router(samples_api))
         .merge(controller_api.router())

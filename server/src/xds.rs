@@ -24,7 +24,7 @@ use halo_killswitch::KillSwitch;
 use halo_metrics::{Collect, Text};
 
 use crate::config::Settings;
-use crate::http::{Disabled, disabled};
+use crate::http::{Disabled, or_disabled};
 
 /// How often the policy dir's content hash is checked.
 pub const POLICY_POLL: Duration = Duration::from_millis(250);
@@ -96,16 +96,16 @@ pub const DISABLED: Disabled = Disabled {
 
 /// `/xds/status`: the policy served, the last refused edit, each Envoy's versions.
 pub fn admin_router(host: Option<Arc<XdsHost>>) -> axum::Router {
-    match host {
-        Some(host) => axum::Router::new().route(
+    let served = host.map(|host| {
+        axum::Router::new().route(
             "/xds/status",
             axum::routing::get(move || {
                 let host = Arc::clone(&host);
                 async move { axum::Json(host.status()) }
             }),
-        ),
-        None => disabled(ADMIN_ROUTES, DISABLED),
-    }
+        )
+    });
+    or_disabled(served, ADMIN_ROUTES, DISABLED)
 }
 
 /// The policy source's part of `/metrics` (`halo_policy_*`), then, with `--xds-listen`,

@@ -311,6 +311,11 @@ pub fn disabled(routes: &[(&str, &str)], answer: Disabled) -> Router {
     router
 }
 
+/// A feature's routes when it runs (`Some`), else its [`disabled`] router.
+pub fn or_disabled(router: Option<Router>, routes: &[(&str, &str)], answer: Disabled) -> Router {
+    router.unwrap_or_else(|| disabled(routes, answer))
+}
+
 /// A JSON document that must not be cached (the signed kill list: its freshness is the
 /// point of it).
 pub fn no_store_json(body: Vec<u8>) -> Response {
